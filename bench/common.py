@@ -1,0 +1,99 @@
+"""Small helpers shared by the benchmarks: timing, peak memory, table and JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timeit(fn, min_time: float = 1.0, max_reps: int = 20) -> float:
+    """Median seconds per call, after one warm-up call (skipped for calls over 2 s)."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    if first > 2.0:
+        return first
+    times = []
+    while len(times) < max_reps and (sum(times) < min_time or len(times) < 3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def timeit_pair(baseline, candidate, rounds: int = 200, min_time: float = 1.0) -> tuple[float, float]:
+    """Median seconds per call of two functions timed in alternation, so drift hits both alike."""
+    baseline(), candidate()
+    a, b = [], []
+    while len(a) < 5 or (len(a) < rounds and sum(a) + sum(b) < min_time):
+        for fn, times in ((baseline, a), (candidate, b)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(a), statistics.median(b)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def in_subprocess(script: str, job: dict, timeout: float = 900) -> dict:
+    """Run `script --worker JOB` in a fresh process, so its peak memory is its own."""
+    out = subprocess.run(
+        [sys.executable, script, "--worker", json.dumps(job)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if out.returncode != 0:
+        return {**job, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc={out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def machine() -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    print(f"\n## {title}")
+    cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    print(" | ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("-|-".join("-" * w for w in widths))
+    for row in cells:
+        print(" | ".join(x.ljust(w) for x, w in zip(row, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_json(name: str, payload: dict) -> Path:
+    """Write results atomically (temporary file, then rename)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,163 @@
+"""Slow, obvious float64 references written straight from the formulas.
+
+Loops over tokens on purpose: nothing here shares code or tricks with zoo.attention.
+Each takes the module under test only to read its parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    x = x.double()
+    e = torch.exp(x)
+    return e / (1 + e.sum(dim, keepdim=True))
+
+
+def multi_head_attention(layer, x, key_padding_mask=None, quiet=False):
+    """sciformer's multi-head attention, one (batch, head, query) at a time."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+    w, bias = layer.qkv.weight.double(), layer.qkv.bias
+    qkv = x @ w.T + (bias.double() if bias is not None else 0)
+    q, k, v = qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
+    out = torch.zeros(b, n, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            sl = slice(hi * hd, (hi + 1) * hd)
+            for i in range(n):
+                keys = [j for j in range(n) if (not layer.causal or j <= i)]
+                if key_padding_mask is not None:
+                    keys = [j for j in keys if key_padding_mask[bi, j]]
+                logits = torch.stack([q[bi, i, sl] @ k[bi, j, sl] / math.sqrt(hd) for j in keys]) if keys else None
+                if logits is None:
+                    continue
+                if layer.attn_bias is not None:
+                    logits = logits + layer.attn_bias[hi, i, keys].double()
+                e = torch.exp(logits)
+                weights = e / ((1 if quiet else 0) + e.sum())
+                out[bi, i, sl] = sum(weights[t] * v[bi, j, sl] for t, j in enumerate(keys))
+    ob = layer.proj.bias.double() if layer.proj.bias is not None else 0
+    return out @ layer.proj.weight.double().T + ob
+
+
+def micro_attention(layer, x, key_padding_mask=None):
+    x = x.double()
+    b, n, d = x.shape
+    h, hd, p = layer.heads, layer.head_dim, layer.num_queries
+    queries = layer.queries.double().view(h, p, d)
+    out = torch.zeros(b, n, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            sl = slice(hi * hd, (hi + 1) * hd)
+            scores = [torch.relu(queries[hi] @ x[bi, j]).sum() for j in range(n)]
+            if key_padding_mask is not None:
+                scores = [s if key_padding_mask[bi, j] else s * 0 for j, s in enumerate(scores)]
+            for i in range(n):
+                seen = range(i + 1) if layer.causal else range(n)
+                total = sum(scores[j] for j in seen)
+                mean = sum(scores[j] * x[bi, j, sl] for j in seen) / total if total > 0 else 0
+                out[bi, i, sl] = x[bi, i, sl] - mean
+    return out @ layer.proj.weight.double().T
+
+
+def elita_attention(layer, x):
+    """Attention2's equation for y_i, term by term (plain exponentials: keep inputs moderate)."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+    k1, k2, k3 = layer.keys.double()
+    a, ph, c = layer.freq.double(), layer.phase.double(), layer.pos_weight.double()
+    v_all = x @ layer.value.weight.double().T
+    out = torch.zeros(b, n, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            sl = slice(hi * hd, (hi + 1) * hd)
+
+            def p(r, i, hi=hi):
+                return torch.sin(i * a[r, hi] / layer.max_len + ph[r, hi])
+
+            big_x = [torch.exp(k1[hi] @ x[bi, j] + p(0, j) @ c[hi]) for j in range(n)]
+            for i in range(n):
+                own = torch.exp(k2[hi] @ x[bi, i])
+                row = torch.exp(p(1, i) @ c[hi] + k3[hi] @ x[bi, i])
+                num = own * v_all[bi, i, sl] + row * sum(big_x[j] * v_all[bi, j, sl] for j in range(i + 1))
+                den = own + row * sum(big_x[j] for j in range(i + 1))
+                out[bi, i, sl] = num / den
+    return out
+
+
+def elita_recurrent(layer, x):
+    """Attention2 as a token-by-token recurrence with a running log-sum-exp: for long inputs."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+    k1, k2, k3 = layer.keys.double()
+    a, ph, c = layer.freq.double(), layer.phase.double(), layer.pos_weight.double()
+    v = (x @ layer.value.weight.double().T).view(b, n, h, hd)
+    i = torch.arange(n, dtype=torch.float64)[:, None, None] / layer.max_len
+    p1c = (torch.sin(i * a[0] + ph[0]) * c).sum(-1)  # (n, h)
+    p2c = (torch.sin(i * a[1] + ph[1]) * c).sum(-1)
+    hist = torch.einsum("bnd,hd->bnh", x, k1) + p1c
+    own = torch.einsum("bnd,hd->bnh", x, k2)
+    row = torch.einsum("bnd,hd->bnh", x, k3) + p2c
+    log_z = torch.full((b, h), -math.inf, dtype=torch.float64)
+    mean = torch.zeros(b, h, hd, dtype=torch.float64)  # sum_j X_j V x_j / sum_j X_j
+    out = torch.empty(b, n, h, hd, dtype=torch.float64)
+    for t in range(n):
+        new_log_z = torch.logaddexp(log_z, hist[:, t])
+        mean = torch.exp(log_z - new_log_z)[..., None] * mean + torch.exp(hist[:, t] - new_log_z)[..., None] * v[:, t]
+        log_z = new_log_z
+        # numerator and denominator both divided by e^{own} + e^{row + log_z}
+        log_den = torch.logaddexp(own[:, t], row[:, t] + log_z)
+        out[:, t] = (torch.exp(own[:, t] - log_den)[..., None] * v[:, t]
+                     + torch.exp(row[:, t] + log_z - log_den)[..., None] * mean)
+    return out.view(b, n, d)
+
+
+def feed_forward2(layer, x):
+    x = x.double()
+
+    def swish(z):
+        return z / (torch.exp(-z) + 1)
+
+    h = swish(x @ layer.w1.weight.double().T + layer.w1.bias.double())
+    g = swish(x @ layer.w2.weight.double().T + layer.w2.bias.double())
+    kernel = layer.w3.weight.double().view(layer.dim, layer.dim, layer.rank)  # W3[k, i, j]
+    return torch.einsum("...i,...j,kij->...k", h, g, kernel) + layer.w3.bias.double()
+
+
+def fused_attention(layer, x, key_padding_mask=None, norm="softmax", fuse="mean"):
+    """alpha = fuse(norm(K^T Q / sqrt(d))) with the L x L matrix spelled out, Y = V alpha."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+
+    def lin(m, t):
+        return t @ m.weight.double().T + (m.bias.double() if m.bias is not None else 0)
+
+    q, k, v = lin(layer.f_q, x), lin(layer.f_k, x), lin(layer.f_v, x)
+    out = torch.zeros(b, d, dtype=torch.float64)
+    alphas = torch.zeros(b, h, n, dtype=torch.float64)
+    for bi in range(b):
+        real = [j for j in range(n) if key_padding_mask is None or key_padding_mask[bi, j]]
+        for hi in range(h):
+            sl = slice(hi * hd, (hi + 1) * hd)
+            scores = torch.zeros(n, n, dtype=torch.float64)  # (key, query), as K^T Q
+            for kj in real:
+                for qi in real:
+                    scores[kj, qi] = k[bi, kj, sl] @ q[bi, qi, sl] / math.sqrt(hd)
+            cols = []
+            for qi in real:
+                e = torch.zeros(n, dtype=torch.float64)
+                e[real] = torch.exp(scores[real, qi])
+                cols.append(e / ((1 if norm == "softmax_one" else 0) + e.sum()))
+            cols = torch.stack(cols, dim=1)  # (keys, real queries)
+            alpha = cols.mean(1) if fuse == "mean" else cols.max(1).values
+            alphas[bi, hi] = alpha
+            out[bi, sl] = sum(alpha[j] * v[bi, j, sl] for j in range(n))
+    return out, alphas

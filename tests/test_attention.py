@@ -1,0 +1,354 @@
+"""Every mechanism against its float64 reference, plus the properties the contract promises."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import zoo.attention as A
+
+from . import reference as ref
+
+CAUSAL = ["softmax", "quiet", "micro", "elita"]
+TOKEN_MIXERS = ["softmax", "quiet", "micro", "elita"]
+
+
+def make(name, dim=16, heads=2, causal=True, **kw):
+    layer = A.build(name, dim, heads=heads, causal=causal, **kw)
+    if name == "elita":
+        with torch.no_grad():  # reach beyond the tiny init so the test sees real mixing
+            layer.keys.mul_(20)
+            layer.pos_weight.mul_(10)
+    return layer
+
+
+def reference(name, layer, x, mask=None):
+    if name in ("softmax", "quiet"):
+        return ref.multi_head_attention(layer, x, mask, quiet=name == "quiet")
+    if name == "micro":
+        return ref.micro_attention(layer, x, mask)
+    return ref.elita_attention(layer, x)
+
+
+shapes = st.tuples(st.integers(1, 2), st.integers(1, 12), st.sampled_from([1, 2, 4]))
+
+
+# ---- agreement with the formulas -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS)
+@pytest.mark.parametrize("causal", [True, False])
+@given(shape=shapes)
+def test_matches_float64_reference(name, causal, shape):
+    if name == "elita" and not causal:
+        return
+    b, n, heads = shape
+    layer = make(name, dim=8, heads=heads, causal=causal)
+    x = torch.randn(b, n, 8)
+    torch.testing.assert_close(layer(x).double(), reference(name, layer, x), atol=2e-5, rtol=1e-4)
+
+
+def test_learned_bias_matches_reference():
+    layer = make("softmax", dim=8, heads=2, causal=True, max_len=10, learned_bias=True)
+    with torch.no_grad():
+        layer.attn_bias.normal_()
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(layer(x).double(), ref.multi_head_attention(layer, x), atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="max_len=10"):
+        layer(torch.randn(1, 11, 8))
+
+
+@given(shape=shapes)
+def test_feed_forward2_matches_reference(shape):
+    b, n, _ = shape
+    layer = A.FeedForward2(8, rank=3)
+    x = torch.randn(b, n, 8)
+    torch.testing.assert_close(layer(x).double(), ref.feed_forward2(layer, x), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["softmax", "softmax_one"])
+@pytest.mark.parametrize("fuse", ["mean", "max"])
+@given(shape=shapes)
+def test_fused_matches_reference(norm, fuse, shape):
+    b, n, heads = shape
+    layer = A.FusedAttention(8, heads=heads, norm=norm, fuse=fuse)
+    x = torch.randn(b, n, 8)
+    want, want_alpha = ref.fused_attention(layer, x, norm=norm, fuse=fuse)
+    got, alpha = layer(x, return_alpha=True)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(alpha.double(), want_alpha, atol=2e-6, rtol=1e-4)
+    # the O(L)-memory path (no alpha) gives the same pooled vector
+    torch.testing.assert_close(layer(x).double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_fused_mean_alpha_sums_to_one_and_learned_fuse_runs():
+    layer = A.FusedAttention(8, heads=2, fuse="learned")
+    x = torch.randn(3, 9, 8)
+    y, alpha = layer(x, return_alpha=True)
+    torch.testing.assert_close(alpha.sum(-1), torch.ones(3, 2))
+    torch.testing.assert_close(layer(x), y, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_custom_norm_and_fuse():
+    def sharp(scores, dim):
+        return torch.softmax(2 * scores, dim)
+
+    def first_query(weights, query_weights):
+        return weights[..., 0, :]
+
+    layer = A.FusedAttention(8, heads=1, norm=sharp, fuse=first_query)
+    x = torch.randn(2, 5, 8)
+    q, k = layer.f_q(x), layer.f_k(x)
+    want_alpha = torch.softmax(2 * (q[:, :1] @ k.transpose(1, 2)) / 8**0.5, -1)[:, 0]
+    y, alpha = layer(x, return_alpha=True)
+    torch.testing.assert_close(alpha[:, 0], want_alpha)
+    torch.testing.assert_close(y, torch.einsum("bl,bld->bd", want_alpha, layer.f_v(x)))
+
+
+# ---- softmax_one ----------------------------------------------------------------------
+
+
+def test_softmax_one_known_values():
+    # the seed's max-subtracted version returns 1/3 each here
+    got = A.softmax_one(torch.tensor([10.0, 10.0]))
+    e = torch.exp(torch.tensor(10.0, dtype=torch.float64))
+    torch.testing.assert_close(got.double(), torch.stack([e, e]) / (1 + 2 * e))
+    torch.testing.assert_close(A.softmax_one(torch.tensor([0.0])), torch.tensor([0.5]))
+    torch.testing.assert_close(A.softmax_one(torch.tensor([1e4, 1e4])), torch.tensor([0.5, 0.5]))
+    assert A.softmax_one(torch.full((5,), -1e4)).abs().max() == 0  # quiet: attends to nothing
+    torch.testing.assert_close(A.softmax_one(torch.tensor([-1e4, 1e4])), torch.tensor([0.0, 1.0]))
+    masked = A.softmax_one(torch.tensor([float("-inf"), 0.0, 0.0]))
+    torch.testing.assert_close(masked, torch.tensor([0.0, 1 / 3, 1 / 3]))
+
+
+@given(
+    rows=st.integers(1, 5),
+    cols=st.integers(1, 40),
+    scale=st.sampled_from([0.1, 1.0, 10.0, 30.0]),
+    dim=st.sampled_from([0, 1, -1]),
+)
+def test_softmax_one_matches_formula(rows, cols, scale, dim):
+    x = torch.randn(rows, cols) * scale
+    torch.testing.assert_close(A.softmax_one(x, dim).double(), ref.softmax_one(x, dim), atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_one_gradcheck_and_bf16():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: A.softmax_one(t, -1), (x,))
+    assert torch.autograd.gradcheck(lambda t: A.softmax_one(t, 0), (x,))
+    y = torch.randn(64, 300) * 5
+    got = A.softmax_one(y.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), ref.softmax_one(y), atol=1e-2, rtol=2e-2)
+
+
+def test_softmax_one_bad_input():
+    with pytest.raises(ValueError, match="floating-point.*int64"):
+        A.softmax_one(torch.arange(3))
+    with pytest.raises(ValueError, match="dim=2"):
+        A.softmax_one(torch.randn(3, 3), dim=2)
+
+
+def test_quiet_attention_can_attend_to_nothing():
+    # with every logit very negative softmax still sums to one; softmax_one goes silent
+    layer = make("quiet", dim=8, heads=1, causal=False)
+    with torch.no_grad():
+        layer.qkv.weight.zero_()
+        layer.qkv.bias.zero_()
+        layer.qkv.bias[:8] = 30.0  # q = 30
+        layer.qkv.bias[8:16] = -30.0  # k = -30: q.k / sqrt(8) far below zero
+        layer.qkv.bias[16:] = 1.0
+    y = layer(torch.randn(1, 4, 8))
+    torch.testing.assert_close(y, layer.proj.bias.expand_as(y))
+
+
+# ---- gradients --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS + ["fused"])
+def test_gradcheck(name):
+    layer = (A.FusedAttention(4, heads=2) if name == "fused" else make(name, dim=4, heads=2)).double()
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(layer, (x,))
+
+
+def test_feed_forward2_gradcheck():
+    layer = A.FeedForward2(4, rank=2).double()
+    assert torch.autograd.gradcheck(layer, (torch.randn(3, 4, dtype=torch.float64, requires_grad=True),))
+
+
+# ---- causality and recurrence ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_causal_outputs_ignore_the_future(name):
+    layer = make(name, causal=True)
+    x = torch.randn(2, 70, 16)
+    changed = x.clone()
+    changed[:, 40:] = torch.randn(2, 30, 16) * 5
+    torch.testing.assert_close(layer(changed)[:, :40], layer(x)[:, :40], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_recurrent_step_equals_parallel(name):
+    layer = make(name, causal=True)
+    x = torch.randn(2, 150, 16)  # longer than one elita chunk
+    full = layer(x)
+    state, outs = None, []
+    for t in range(x.shape[1]):
+        y, state = layer.step(x[:, t : t + 1], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+    head, state = layer.step(x[:, :67])
+    tail, _ = layer.step(x[:, 67:], state)
+    torch.testing.assert_close(torch.cat([head, tail], 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_state_size_is_constant_for_micro_and_elita():
+    for name in ("micro", "elita"):
+        layer = make(name)
+        _, short = layer.step(torch.randn(1, 10, 16))
+        _, long = layer.step(torch.randn(1, 500, 16))
+        sizes = [sum(t.numel() for t in vars(s).values() if torch.is_tensor(t)) for s in (short, long)]
+        assert sizes[0] == sizes[1]
+
+
+def test_step_needs_causal():
+    for name in ("softmax", "micro"):
+        with pytest.raises(RuntimeError, match="causal"):
+            make(name, causal=False).step(torch.randn(1, 1, 16))
+
+
+def test_elita_position_uses_max_len_not_input_length():
+    # a token's output may not change when the sequence grows after it
+    layer = make("elita", max_len=64)
+    x = torch.randn(1, 50, 16)
+    torch.testing.assert_close(layer(x[:, :20]), layer(x)[:, :20], atol=1e-6, rtol=1e-6)
+
+
+# ---- masks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS + ["fused"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_padded_tokens_never_enter(name, causal):
+    if (name == "elita" and not causal) or (name == "fused" and causal):
+        return
+    layer = A.FusedAttention(16, heads=2) if name == "fused" else make(name, causal=causal)
+    x = torch.randn(2, 12, 16)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, 8:] = False  # right padding
+    mask[1, :3] = False  # left padding
+    noisy = x.clone()
+    noisy[~mask] = torch.randn(int((~mask).sum()), 16) * 100
+    a, b = layer(x, key_padding_mask=mask), layer(noisy, key_padding_mask=mask)
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    if name == "fused":
+        torch.testing.assert_close(a, b)
+        # and it equals the unpadded sequence alone
+        torch.testing.assert_close(a[0], layer(x[:1, :8])[0], atol=1e-5, rtol=1e-5)
+        return
+    torch.testing.assert_close(a[mask], b[mask], atol=1e-5, rtol=1e-5)
+    if name != "elita":  # right-padded row equals the reference on its real tokens only
+        want = reference(name, layer, x[:1, :8])
+        torch.testing.assert_close(a[0, :8].double(), want[0], atol=2e-5, rtol=1e-4)
+
+
+def test_masked_reference_agreement_for_attention():
+    layer = make("softmax", causal=False)
+    x = torch.randn(2, 9, 16)
+    mask = torch.rand(2, 9) > 0.3
+    mask[:, 0] = True
+    got = layer(x, key_padding_mask=mask)
+    want = ref.multi_head_attention(layer, x, mask)
+    torch.testing.assert_close(got[mask].double(), want[mask], atol=2e-5, rtol=1e-4)
+
+
+# ---- precision and extremes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS + ["fused"])
+def test_bf16_is_finite_and_close(name):
+    layer = A.FusedAttention(16, heads=2) if name == "fused" else make(name, causal=name != "fused")
+    x = torch.randn(2, 100, 16)
+    want = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    assert torch.isfinite(got).all()
+    assert (got.float() - want).abs().max() < 0.05 * want.abs().max() + 0.05
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS)
+def test_extreme_inputs_stay_finite(name):
+    layer = make(name)
+    for x in (torch.zeros(1, 20, 16), torch.full((1, 20, 16), 1e4), torch.full((1, 20, 16), -1e4)):
+        assert torch.isfinite(layer(x)).all()
+
+
+def test_micro_all_zero_scores_have_no_nan_in_bf16():
+    layer = make("micro")
+    with torch.no_grad():
+        layer.queries.abs_()
+    x = -torch.rand(1, 16, 16)  # every score relu(q . x) is 0 at first
+    x[:, 10:] = torch.rand(1, 6, 16)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = layer.to(dtype)(x.to(dtype))
+        assert torch.isfinite(y).all()
+        # with nothing to average, the mean is zero and the output is the projection of x itself
+        torch.testing.assert_close(y[:, :10], layer.proj(x[:, :10].to(dtype)))
+
+
+def test_elita_large_logits_match_float64():
+    layer = make("elita")
+    with torch.no_grad():
+        layer.keys.normal_(0, 30)  # logits in the hundreds: plain exp overflows float32
+    x = torch.randn(2, 300, 16)
+    torch.testing.assert_close(layer(x).double(), ref.elita_recurrent(layer, x), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ref.elita_recurrent(layer, x[:, :12] / 30), ref.elita_attention(layer, x[:, :12] / 30))
+
+
+@pytest.mark.parametrize("name", ["micro", "elita"])
+def test_65536_tokens_stay_finite_and_match_float64(name):
+    n = 65_536
+    layer = make(name, dim=8, heads=1)
+    x = torch.randn(1, n, 8) * 3
+    with torch.no_grad():
+        y = layer(x)
+    assert torch.isfinite(y).all()
+    # spot-check the tail against the float64 recurrence
+    if name == "elita":
+        want = ref.elita_recurrent(layer, x)[:, -64:]
+    else:
+        with torch.no_grad():
+            xd = x.double()
+            s = torch.relu(xd @ layer.queries.double().T).sum(-1, keepdim=True)
+            mean = (s * xd).cumsum(1) / s.cumsum(1)
+            want = ((xd - mean) @ layer.proj.weight.double().T)[:, -64:]
+    torch.testing.assert_close(y[:, -64:].double(), want, atol=1e-4, rtol=1e-3)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS + ["fused"])
+def test_bad_input_names_expected_and_given(name):
+    layer = A.FusedAttention(16, heads=2) if name == "fused" else make(name)
+    with pytest.raises(ValueError, match=r"\(batch, length, 16\).*\(2, 16\)"):
+        layer(torch.randn(2, 16))
+    with pytest.raises(ValueError, match=r"\(batch, length, 16\).*\(2, 3, 8\)"):
+        layer(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match="floating-point.*int64"):
+        layer(torch.ones(2, 3, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"key_padding_mask of shape \(2, 3\).*\(2, 4\)"):
+        layer(torch.randn(2, 3, 16), key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_build_errors():
+    with pytest.raises(ValueError, match="unknown attention 'nope'.*micro"):
+        A.build("nope", 16)
+    with pytest.raises(ValueError, match="dim=10, heads=4"):
+        A.build("softmax", 10, heads=4)
+    with pytest.raises(ValueError, match="causal"):
+        A.build("elita", 16, causal=False)
+    with pytest.raises(ValueError, match="causal"):
+        A.build("fused", 16, causal=True)

@@ -1,0 +1,263 @@
+"""The registry, the three families, release folders and timm interop."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zoo
+from zoo.models import FusedAttentionNetwork, TextTransformer
+
+
+def example_input(model):
+    if isinstance(model, TextTransformer):
+        return torch.randint(0, model.vocab_size, (2, 16))
+    if isinstance(model, FusedAttentionNetwork):
+        return torch.randn(2, *model.expected_shape)
+    c = model.config
+    return torch.randn(2, c["in_chans"], c["img_size"], c["img_size"])
+
+
+@pytest.mark.parametrize("name", zoo.list_models())
+def test_every_model_trains_a_step(name):
+    model = zoo.create(name)
+    x = example_input(model)
+    out = model(x)
+    out.float().square().mean().backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad, f"parameters without a finite gradient: {no_grad}"
+    if name.endswith("-tiny"):
+        assert sum(p.numel() for p in model.parameters()) * 4 < 10e6  # a float32 checkpoint under 10 MB
+
+
+def test_import_zoo_is_light():
+    code = "import sys, zoo; print(sorted(m for m in ('torch', 'lightning', 'timm', 'huggingface_hub') " \
+           "if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_list_models_and_unknown_name():
+    assert {"vit-tiny", "quiet-vit-tiny", "micro-vit-tiny", "fused-1d-tiny", "fused-2d-tiny", "fused-3d-tiny",
+            "gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny"} <= set(zoo.list_models())
+    assert zoo.list_models("micro-*") == ["micro-gpt-small", "micro-gpt-tiny", "micro-vit-small", "micro-vit-tiny"]
+    with pytest.raises(ValueError, match="unknown model 'micro-vit-tiy'.*closest: micro-vit-tiny"):
+        zoo.create("micro-vit-tiy")
+    with pytest.raises(ValueError, match="no pretrained weights are shipped for 'vit-small'"):
+        zoo.load("vit-small")
+
+
+# ---- release folders -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["micro-vit-tiny", "fused-3d-tiny", "elita-gpt-tiny", "gpt-tiny"])
+def test_release_round_trip_is_bit_exact(name, tmp_path):
+    model = zoo.create(name).eval()
+    for p in model.parameters():  # not the init values: something a loader could not guess
+        p.data.add_(torch.randn_like(p) * 0.01)
+    folder = model.save_pretrained(tmp_path / name)
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_name"] == name and config["architecture"] == type(model).__name__
+    loaded = zoo.load(folder)
+    assert not loaded.training
+    for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), k
+    x = example_input(model)
+    assert torch.equal(model(x), loaded(x))
+    if isinstance(loaded, TextTransformer):
+        assert loaded.head.weight.data_ptr() == loaded.tok_embed.weight.data_ptr()  # still tied
+
+
+def test_strict_load_lists_every_problem(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = zoo.create("vit-tiny").save_pretrained(tmp_path / "m")
+    state = load_file(str(folder / "model.safetensors"))
+    del state["norm.weight"]
+    state["extra.weight"] = torch.zeros(3)
+    state["head.bias"] = torch.zeros(7)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError) as err:
+        zoo.load(folder)
+    msg = str(err.value)
+    assert "missing (1): norm.weight" in msg and "unexpected (1): extra.weight" in msg
+    assert "head.bias: checkpoint (7,), model (10,)" in msg
+
+
+def test_num_classes_override_drops_the_head(tmp_path):
+    model = zoo.create("vit-tiny")
+    folder = model.save_pretrained(tmp_path / "m")
+    loaded = zoo.load(folder, num_classes=3)
+    assert loaded(torch.randn(1, 1, 28, 28)).shape == (1, 3)
+    assert torch.equal(loaded.patch_embed.weight, model.patch_embed.weight)
+
+
+def test_save_is_atomic(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    model = zoo.create("vit-tiny")
+    good = model.save_pretrained(tmp_path / "m")
+    before = (good / "model.safetensors").read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", crash)
+    with pytest.raises(OSError, match="disk full"):
+        zoo.create("vit-tiny").save_pretrained(tmp_path / "m")
+    assert (good / "model.safetensors").read_bytes() == before  # the old folder is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # and no half-written staging folder is left
+    with pytest.raises(FileNotFoundError, match="needs config.json"):
+        zoo.load(tmp_path)
+
+
+# ---- ImageTransformer and timm --------------------------------------------------------------
+
+
+def test_timm_api_and_registry():
+    import timm
+
+    model = timm.create_model("micro_vit_tiny", num_classes=4)
+    x = torch.randn(3, 1, 28, 28)
+    feats = model.forward_features(x)
+    assert feats.shape == (3, 50, 128)
+    assert model.forward_head(feats, pre_logits=True).shape == (3, model.num_features)
+    assert model.forward_head(feats).shape == (3, 4) and model.num_classes == 4
+    model.reset_classifier(7)
+    assert model(x).shape == (3, 7)
+    assert {"pos_embed", "cls_token"} <= model.no_weight_decay()
+    assert model.pretrained_cfg["input_size"] == (1, 28, 28)
+    model.set_grad_checkpointing()
+    model.train()
+    model(x).sum().backward()
+    assert "micro_vit_tiny" in timm.list_models("micro_vit*")
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(pos_embed="sincos", global_pool="avg"),
+    dict(pos_embed="none", global_pool="fused", mlp="ffn2"),
+    dict(learned_bias=True, attention="quiet", in_chans=3, img_size=32),
+])
+def test_image_transformer_options(kwargs):
+    model = zoo.create("vit-tiny", **kwargs)
+    c = model.config
+    x = torch.randn(2, c["in_chans"], c["img_size"], c["img_size"])
+    assert model(x).shape == (2, 10)
+
+
+def test_image_bad_input():
+    model = zoo.create("vit-tiny")
+    with pytest.raises(ValueError, match=r"images of shape \(batch, 1, 28, 28\), got \(2, 3, 28, 28\)"):
+        model(torch.randn(2, 3, 28, 28))
+    with pytest.raises(ValueError, match="attention must be one of"):
+        zoo.create("vit-tiny", attention="elita")
+
+
+# ---- FusedAttention network ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", [(12,), (8, 12), (4, 8, 4), (4, 4, 4, 8)])
+def test_fused_network_any_rank(dims):
+    model = FusedAttentionNetwork(input_size=dims, patch_size=(2,) * len(dims), in_chans=3, num_classes=5,
+                                  embed_dim=32, depth=1, num_heads=2)
+    x = torch.randn(2, 3, *dims)
+    assert model(x).shape == (2, 5)
+    alpha = model.attention_map(x)
+    assert alpha.shape == (2, 2, *(d // 2 for d in dims))
+    torch.testing.assert_close(alpha.flatten(2).sum(-1), torch.ones(2, 2))
+
+
+def test_patchify_equals_a_convolution_with_kernel_equal_stride():
+    model = FusedAttentionNetwork(input_size=(8, 12), patch_size=(2, 3), in_chans=3, embed_dim=16, depth=0,
+                                  num_heads=2, pos_embed="none")
+    conv = torch.nn.Conv2d(3, 16, (2, 3), stride=(2, 3))
+    conv.weight.data = model.patch_embed.weight.data.view(16, 3, 2, 3)
+    conv.bias.data = model.patch_embed.bias.data
+    x = torch.randn(2, 3, 8, 12)
+    want = conv(x).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(model.patch_embed(model.patchify(x)), want, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_network_collection_and_patch_output():
+    model = FusedAttentionNetwork(input_size=(6, 6), patch_size=(6, 6), in_chans=2, collection=5, num_classes=3,
+                                  embed_dim=32, depth=1, num_heads=2, patch_output=True)
+    x = torch.randn(4, 5, 2, 6, 6)
+    assert model(x).shape == (4, 3)
+    y, alpha = model.pooled(x, return_alpha=True)
+    assert y.shape == (4, 2, 6, 6) and alpha.shape == (4, 2, 5)
+    # the collection is a set once positions are off: permuting items leaves the output unchanged
+    model = FusedAttentionNetwork(input_size=(6,), patch_size=(6,), collection=5, pos_embed="none",
+                                  embed_dim=16, depth=1, num_heads=2).eval()
+    x = torch.randn(2, 5, 1, 6)
+    torch.testing.assert_close(model(x), model(x[:, torch.randperm(5)]), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"\(batch, 5, 1, 6\), got \(2, 4, 1, 6\)"):
+        model(torch.randn(2, 4, 1, 6))
+
+
+# ---- TextTransformer ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny"])
+def test_cached_decoding_equals_recompute(name):
+    model = zoo.create(name, depth=2).eval()
+    idx = torch.randint(0, 65, (2, 40))
+    full = model(idx)
+    logits, states = model.forward_step(idx[:, :25])
+    steps = [logits]
+    for t in range(25, 40):
+        logits, states = model.forward_step(idx[:, t : t + 1], states, t)
+        steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+    # greedy generation picks the argmax of a full recompute at every step
+    out = model.generate(idx[:, :10], max_new_tokens=8, temperature=0)
+    for t in range(10, 18):
+        assert torch.equal(out[:, t], model(out[:, :t])[:, -1].argmax(-1))
+
+
+@pytest.mark.parametrize("name", ["micro-gpt-tiny", "elita-gpt-tiny"])
+def test_recurrent_state_does_not_grow(name):
+    model = zoo.create(name, depth=1).eval()
+
+    def numel(states):
+        return sum(t.numel() for s in states for t in vars(s).values() if torch.is_tensor(t))
+
+    _, short = model.forward_step(torch.randint(0, 65, (1, 5)))
+    _, long = model.forward_step(torch.randint(0, 65, (1, 500)))
+    assert numel(short) == numel(long)
+
+
+def test_generate_sampling_is_seeded_and_text_round_trips():
+    text = "to be or not to be, that is the question\n"
+    tok = zoo.CharTokenizer.from_text(text)
+    assert tok.decode(tok.encode(text)) == text
+    model = zoo.create("micro-gpt-tiny", vocab_size=tok.vocab_size, tokenizer=tok.to_dict(), depth=1).eval()
+    a = model.generate("to be", 20, temperature=0.8, top_k=5, top_p=0.9, seed=3)
+    b = model.generate("to be", 20, temperature=0.8, top_k=5, top_p=0.9, seed=3)
+    assert a == b and a.startswith("to be") and len(a) == 25
+    with pytest.raises(ValueError, match="not in the tokenizer"):
+        model.generate("XYZ", 3)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    from zoo.models.text_transformer import sample
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits, 1.0, 2, None, g)) for _ in range(200)}
+    assert draws == {0, 1}
+    # softmax of these logits: 0.64, 0.24, 0.09, ...: top_p 0.8 keeps the first two
+    draws = {int(sample(logits, 1.0, None, 0.8, g)) for _ in range(200)}
+    assert draws == {0, 1}
+
+
+def test_text_bad_input():
+    model = zoo.create("gpt-tiny")
+    with pytest.raises(ValueError, match=r"integer token ids of shape \(batch, length\)"):
+        model(torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 65\)"):
+        model(torch.tensor([[70]]))
+    with pytest.raises(ValueError, match="learned positions for 256 tokens, got 300"):
+        model(torch.zeros(1, 300, dtype=torch.long))

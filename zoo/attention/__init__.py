@@ -1,0 +1,53 @@
+"""The attention library: five mechanisms behind one calling contract.
+
+Every module takes tokens (batch, length, dim) and an optional boolean
+`key_padding_mask` (batch, length), True for real tokens. Token mixers return
+(batch, length, dim); FusedAttention pools and returns (batch, dim). Causal token
+mixers also decode step by step: `y, state = layer.step(x_new, state)`, starting from
+`state=None`, gives the same outputs as the parallel forward.
+
+    >>> layer = zoo.attention.build("micro", dim=256, heads=4, causal=True)
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from zoo.attention.attend import attend
+from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
+from zoo.attention.fused import FusedAttention
+from zoo.attention.micro import MicroAttention, MicroState
+from zoo.attention.quiet import QuietAttention, softmax_one
+from zoo.attention.softmax import KVCache, SoftmaxAttention
+
+MECHANISMS: dict[str, type[nn.Module]] = {
+    "softmax": SoftmaxAttention,
+    "quiet": QuietAttention,
+    "micro": MicroAttention,
+    "elita": ElitaAttention,
+    "fused": FusedAttention,
+}
+
+
+def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -> nn.Module:
+    """Build the attention mechanism `name` (one of MECHANISMS); extra kwargs go to its class."""
+    if name not in MECHANISMS:
+        raise ValueError(f"unknown attention {name!r}; expected one of {sorted(MECHANISMS)}")
+    return MECHANISMS[name](dim, heads=heads, causal=causal, **kwargs)
+
+
+__all__ = [
+    "MECHANISMS",
+    "ElitaAttention",
+    "ElitaState",
+    "FeedForward2",
+    "FusedAttention",
+    "KVCache",
+    "MicroAttention",
+    "MicroState",
+    "QuietAttention",
+    "SoftmaxAttention",
+    "attend",
+    "build",
+    "softmax_one",
+]

@@ -1,0 +1,73 @@
+"""The one place that decides how dot-product attention runs.
+
+Softmax attention, quiet attention and fused attention all end here, so the choice
+between PyTorch's fused kernels (`is_causal` or no mask: O(L) memory, causal block
+skipping) and an explicit mask is made once.
+
+Quiet attention (softmax_one) needs no kernel of its own: prepending a key of zeros
+with a value of zeros adds exp(q . 0) = 1 to every row's denominator and nothing to
+its numerator, which is exactly exp(s_j) / (1 + sum_j exp(s_j)). The fused kernels
+then do the work unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _prepend_zero(t: torch.Tensor) -> torch.Tensor:
+    return torch.cat([t.new_zeros(*t.shape[:-2], 1, t.shape[-1]), t], dim=-2)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    quiet: bool = False,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Multi-head attention over q (B, H, Lq, d) and k, v (B, H, Lk, d).
+
+    causal: query i (aligned to the end of the keys, as with a KV cache) sees keys up
+        to its own position.
+    key_padding_mask: (B, Lk) bool, True for real tokens; padded keys are never attended.
+    bias: (H, Lq, Lk) additive logits (sciformer's trainable mask).
+    quiet: normalize with softmax_one instead of softmax.
+    """
+    lq, lk = q.shape[-2], k.shape[-2]
+    if key_padding_mask is None and bias is None and (not causal or lq == lk):
+        if quiet and causal:
+            # A dummy query in front keeps the problem square, so is_causal stays valid:
+            # row i+1 then sees the zero key and real keys 0..i.
+            out = F.scaled_dot_product_attention(
+                _prepend_zero(q), _prepend_zero(k), _prepend_zero(v), dropout_p=dropout_p, is_causal=True
+            )
+            return out[..., 1:, :]
+        if quiet:
+            k, v = _prepend_zero(k), _prepend_zero(v)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+
+    allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+    offset = lk - lq
+    if causal:
+        allowed = allowed.tril(diagonal=offset)
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask[:, None, None, :]
+        # A padded query with no real key before it would get an empty softmax row (NaN);
+        # letting every token see itself keeps those rows finite and touches no real query.
+        own_key = torch.arange(lk, device=q.device) == torch.arange(lq, device=q.device)[:, None] + offset
+        allowed = allowed | own_key
+    if quiet:
+        k, v = _prepend_zero(k), _prepend_zero(v)
+        allowed = F.pad(allowed, (1, 0), value=True)
+        if bias is not None:
+            bias = F.pad(bias, (1, 0))
+    mask = allowed
+    if bias is not None:
+        mask = torch.where(allowed, bias.to(q.dtype), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)

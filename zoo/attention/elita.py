@@ -1,0 +1,175 @@
+"""ELiTA (elita.md): Attention2, causal attention in linear time, and FeedForward2.
+
+Attention2 for token i of a sequence, with scalar keys k1, k2, k3 and a position term
+p_{r,i} = sin(i a_r / n + b_r), r = 1, 2:
+
+    X_j = exp(k1 . x_j + p_{1,j} . c)
+    y_i = (e^{k2 . x_i} V x_i + e^{p_{2,i} . c + k3 . x_i} sum_{j<=i} X_j V x_j)
+          / (e^{k2 . x_i} + e^{p_{2,i} . c + k3 . x_i} sum_{j<=i} X_j)
+
+Implemented from the equations (the authors' TensorFlow code is under a
+non-commercial licence). Three decisions the write-up leaves open or gets wrong:
+
+- n is the model's fixed `max_len`, never the current input length. With the input
+  length a token's output would change as the sequence grows, so a prefix would not
+  decode to what the full sequence computes. Positions count from 0, and sequences
+  longer than max_len are allowed (the sine simply goes on).
+- The sums are computed in log space. With l_j = k1 . x_j + p_{1,j} . c,
+  A_i = log sum_{j<=i} e^{l_j} (a log-cumsum-exp) and the running mean
+  M_i = sum_{j<=i} e^{l_j - A_i} V x_j, the output is the convex mix
+      y_i = g_i V x_i + (1 - g_i) M_i,   g_i = sigmoid(k2 . x_i - p_{2,i} . c - k3 . x_i - A_i),
+  in which no exponent is ever positive: 100k-token sequences and large activations
+  stay finite with no clipping.
+- M is computed in chunks (flash-linear-attention style): inside a chunk a small
+  lower-triangular matrix of weights e^{l_j - A_i}, across chunks the same form one
+  level up with weights e^{A_end(k') - A_end(k)}; both are matmuls, all exponents <= 0.
+
+Each head has its own k1, k2, k3, a, b, c and its slice of V's output; heads=1 is the
+equation as written. FeedForward2 is y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3
+with W3 a d x d x rank kernel (rank 8 in the write-up).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+
+# Padded tokens get this logit: exp of it vanishes against any real logit, yet unlike
+# -inf it never produces -inf - -inf = NaN where no real token has been seen yet.
+_PAD_LOGIT = -1e30
+
+
+@dataclass
+class ElitaState:
+    """log sum_j X_j (batch, heads), the running mean M (batch, heads, head_dim) and the next position."""
+
+    log_norm: torch.Tensor
+    mean: torch.Tensor
+    position: int
+
+
+def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Tensor, chunk: int) -> torch.Tensor:
+    """M_i = sum_{j<=i} exp(logits_j - log_norm_i) values_j along dim 1.
+
+    logits, log_norm: (B, L, H); values: (B, L, H, D). log_norm must be a running
+    log-sum-exp of logits (plus any earlier mass), so every exponent is <= 0.
+    """
+    b, n, h, d = values.shape
+    pad = -n % chunk
+    if pad:
+        logits = F.pad(logits, (0, 0, 0, pad), value=_PAD_LOGIT)
+        log_norm = torch.cat([log_norm, log_norm[:, -1:].expand(b, pad, h)], dim=1)
+        values = F.pad(values, (0, 0, 0, 0, 0, pad))
+    k = (n + pad) // chunk
+    # (B, H, chunks, C) and (B, H, chunks, C, D)
+    logits = logits.view(b, k, chunk, h).permute(0, 3, 1, 2)
+    log_norm = log_norm.view(b, k, chunk, h).permute(0, 3, 1, 2)
+    values = values.view(b, k, chunk, h, d).permute(0, 3, 1, 2, 4)
+
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=values.device).triu(1)
+    within = (logits[..., None, :] - log_norm[..., :, None]).masked_fill(future, float("-inf")).exp()
+    partial = within @ values  # each position's mean over its own chunk so far
+
+    ends = log_norm[..., -1]  # (B, H, chunks)
+    later = torch.ones(k, k, dtype=torch.bool, device=values.device).triu(1)
+    across = (ends[..., None, :] - ends[..., :, None]).masked_fill(later, float("-inf")).exp()
+    at_ends = across @ partial[..., -1, :]  # M at the end of every chunk
+    carried = F.pad(at_ends[..., :-1, :], (0, 0, 1, 0))  # nothing is carried into the first chunk
+    # The first chunk's exponent is 0, not (undefined) - log_norm, so no inf ever meets that zero.
+    previous_ends = torch.cat([log_norm[..., :1, :], ends[..., :-1, None].expand(-1, -1, -1, chunk)], dim=-2)
+    decay = (previous_ends - log_norm).exp()
+    out = partial + decay[..., None] * carried[..., None, :]
+    return out.permute(0, 2, 3, 1, 4).reshape(b, n + pad, h, d)[:, :n]
+
+
+class ElitaAttention(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 1,
+        causal: bool = True,
+        max_len: int = 1024,
+        pos_dim: int = 16,
+        chunk_size: int = 64,
+    ):
+        super().__init__()
+        if not causal:
+            raise ValueError("ElitaAttention is causal only (its sums run over j <= i), got causal=False")
+        self.head_dim = check_heads(dim, heads, type(self).__name__)
+        self.dim, self.heads, self.causal = dim, heads, causal
+        self.max_len, self.chunk_size = max_len, chunk_size
+        # k1 (history), k2 (the token itself), k3 (the row's weight on its history)
+        self.keys = nn.Parameter(torch.randn(3, heads, dim) * dim**-0.5 * 0.1)
+        # a_r and b_r of p_{r,i} = sin(i a_r / n + b_r), r = 1, 2; a spans slow to fast waves over n
+        self.freq = nn.Parameter(
+            torch.logspace(0, math.log10(max(max_len, 2) * math.pi), pos_dim).repeat(2, heads, 1)
+        )
+        self.phase = nn.Parameter(torch.rand(2, heads, pos_dim) * 2 * math.pi)
+        self.pos_weight = nn.Parameter(torch.randn(heads, pos_dim) * pos_dim**-0.5 * 0.1)  # c
+        self.value = nn.Linear(dim, dim, bias=False)  # V, one slice of rows per head
+
+    def _terms(self, x: torch.Tensor, start: int):
+        """History logits l, self logits u, row offsets w (each (B, L, H), float32) and values."""
+        b, n, _ = x.shape
+        wide = torch.promote_types(x.dtype, torch.float32)  # logits and sums in at least float32
+        keyed = torch.einsum("bld,khd->blkh", x, self.keys.to(x.dtype)).to(wide)
+        i = torch.arange(start, start + n, device=x.device, dtype=wide) / self.max_len
+        pos = torch.sin(i[:, None, None, None] * self.freq.to(wide) + self.phase.to(wide))  # (L, 2, H, P)
+        pos = (pos * self.pos_weight.to(wide)).sum(-1)  # (L, 2, H): p_1 . c and p_2 . c
+        history = keyed[:, :, 0] + pos[:, 0]
+        offset = keyed[:, :, 2] + pos[:, 1]
+        values = self.value(x).to(wide).view(b, n, self.heads, self.head_dim)
+        return history, keyed[:, :, 1], offset, values
+
+    def _mix(self, x, start, log_norm0, mean0, key_padding_mask=None):
+        history, own, offset, values = self._terms(x, start)
+        if key_padding_mask is not None:
+            history = history.masked_fill(~key_padding_mask[..., None], _PAD_LOGIT)
+        log_norm = history.logcumsumexp(1)
+        if log_norm0 is not None:
+            log_norm = torch.logaddexp(log_norm, log_norm0[:, None])
+        mean = running_mean(history, log_norm, values, self.chunk_size)
+        if mean0 is not None:
+            mean = mean + (log_norm0[:, None] - log_norm).exp()[..., None] * mean0[:, None]
+        gate = torch.sigmoid(own - offset - log_norm)[..., None]
+        out = gate * values + (1 - gate) * mean
+        return out.flatten(-2).to(x.dtype), log_norm, mean
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_tokens(x, self.dim, type(self).__name__)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        return self._mix(x, 0, None, None, key_padding_mask)[0]
+
+    def step(self, x: torch.Tensor, state: ElitaState | None = None) -> tuple[torch.Tensor, ElitaState]:
+        """Continue over new tokens x (batch, new, dim) from an O(1) state."""
+        check_tokens(x, self.dim, type(self).__name__)
+        if state is None:
+            out, log_norm, mean = self._mix(x, 0, None, None)
+            position = 0
+        else:
+            out, log_norm, mean = self._mix(x, state.position, state.log_norm, state.mean)
+            position = state.position
+        return out, ElitaState(log_norm[:, -1].clone(), mean[:, -1].clone(), position + x.shape[1])
+
+
+class FeedForward2(nn.Module):
+    """ELiTA's bilinear feed-forward: y_k = sum_{i,j} W3[k, i, j] swish(W1 x + b1)_i swish(W2 x + b2)_j + b3_k."""
+
+    def __init__(self, dim: int, rank: int = 8):
+        super().__init__()
+        self.dim, self.rank = dim, rank
+        self.w1 = nn.Linear(dim, dim)
+        self.w2 = nn.Linear(dim, rank)
+        self.w3 = nn.Linear(dim * rank, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"FeedForward2 expects input of shape (..., {self.dim}), got {tuple(x.shape)}")
+        wide, narrow = F.silu(self.w1(x)), F.silu(self.w2(x))
+        return self.w3((wide[..., :, None] * narrow[..., None, :]).flatten(-2))

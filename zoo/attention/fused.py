@@ -1,0 +1,120 @@
+"""FusedAttention (fused-attention.md): attention that pools L tokens into one vector.
+
+    Q = f_Q(X), K = f_K(X), V = f_V(X)
+    alpha = fuse(norm(K^T Q / sqrt(d)))      (L keys x 1)
+    Y = g_V(V alpha)
+
+norm normalizes each query's column of scores over the keys (softmax by default,
+softmax_one as an option, or any callable(scores, dim)); fuse reduces over the
+queries (mean by default, max, a learned weighting, or any
+callable(weights, query_weights)). d is the per-head key width: the write-up
+divides by the square root of the value width d, which is the key width only when
+the two agree; the usual scaling is by the key width.
+
+With fuse = mean (or the learned weighting) and norm = softmax or softmax_one,
+V alpha = sum_q w_q (sum_k norm(s)_kq V_k): a weighted mean over queries of ordinary
+attention outputs. That runs through the fused SDPA kernel in O(L) memory, so the
+L x L matrix is only built when alpha itself is asked for (plots) or fuse = max.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from zoo.attention.attend import attend
+from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+from zoo.attention.quiet import softmax_one
+
+NORMS: dict[str, Callable] = {"softmax": torch.softmax, "softmax_one": softmax_one}
+FUSES = ("mean", "max", "learned")
+
+
+class FusedAttention(nn.Module):
+    """Pools (batch, length, dim) tokens into g_V of a (batch, dim) vector."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int = 1,
+        causal: bool = False,
+        norm: str | Callable = "softmax",
+        fuse: str | Callable = "mean",
+        f_q: nn.Module | None = None,
+        f_k: nn.Module | None = None,
+        f_v: nn.Module | None = None,
+        g_v: nn.Module | None = None,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if causal:
+            raise ValueError("FusedAttention pools all tokens into one vector, so it cannot be causal; got causal=True")
+        if isinstance(norm, str) and norm not in NORMS:
+            raise ValueError(f"FusedAttention norm must be one of {sorted(NORMS)} or a callable, got {norm!r}")
+        if isinstance(fuse, str) and fuse not in FUSES:
+            raise ValueError(f"FusedAttention fuse must be one of {list(FUSES)} or a callable, got {fuse!r}")
+        self.head_dim = check_heads(dim, heads, type(self).__name__)
+        self.dim, self.heads, self.norm, self.fuse = dim, heads, norm, fuse
+        self.f_q = f_q if f_q is not None else nn.Linear(dim, dim, bias=bias)
+        self.f_k = f_k if f_k is not None else nn.Linear(dim, dim, bias=bias)
+        self.f_v = f_v if f_v is not None else nn.Linear(dim, dim, bias=bias)
+        self.g_v = g_v if g_v is not None else nn.Identity()
+        self.query_score = nn.Linear(dim, heads) if fuse == "learned" else None
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+
+    def _query_weights(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """How much each query counts in the fuse, (B, H, L), summing to 1 over real queries."""
+        b, n, _ = x.shape
+        if self.query_score is not None:
+            logits = self.query_score(x).transpose(1, 2).float()
+        else:
+            logits = x.new_zeros(b, self.heads, n, dtype=torch.float32)
+        if key_padding_mask is not None:
+            logits = logits.masked_fill(~key_padding_mask[:, None, :], float("-inf"))
+        return logits.softmax(-1)
+
+    def alpha(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention vector alpha (batch, heads, length), built from the full score matrix."""
+        check_tokens(x, self.dim, type(self).__name__)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        return self._alpha(x, key_padding_mask)
+
+    def _alpha(self, x, key_padding_mask):
+        q, k = self._heads(self.f_q(x)), self._heads(self.f_k(x))
+        scores = (q.float() @ k.float().transpose(-1, -2)) * self.head_dim**-0.5  # (B, H, queries, keys)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
+        norm = NORMS[self.norm] if isinstance(self.norm, str) else self.norm
+        weights = norm(scores, dim=-1)
+        query_weights = self._query_weights(x, key_padding_mask)
+        if callable(self.fuse):
+            return self.fuse(weights, query_weights)
+        if self.fuse == "max":
+            real = (query_weights > 0)[..., None]
+            return weights.masked_fill(~real, 0.0).amax(-2)
+        return (query_weights[..., None] * weights).sum(-2)
+
+    def forward(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, return_alpha: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        check_tokens(x, self.dim, type(self).__name__)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        b = x.shape[0]
+        v = self._heads(self.f_v(x))
+        fusable = self.fuse in ("mean", "learned") and self.norm in ("softmax", "softmax_one")
+        alpha = None
+        if fusable and not return_alpha:
+            q, k = self._heads(self.f_q(x)), self._heads(self.f_k(x))
+            out = attend(q, k, v, key_padding_mask=key_padding_mask, quiet=self.norm == "softmax_one")
+            weights = self._query_weights(x, key_padding_mask).to(out.dtype)
+            pooled = (weights[..., None] * out).sum(-2)
+        else:
+            alpha = self._alpha(x, key_padding_mask)
+            pooled = (alpha.to(v.dtype)[..., None] * v).sum(-2)
+        y = self.g_v(pooled.reshape(b, self.dim))
+        return (y, alpha) if return_alpha else y

@@ -1,0 +1,85 @@
+"""MicroAttention (micro-attention.md): attention with a running weighted mean.
+
+Each token gets a non-negative score from P learned global queries,
+
+    s_t = sum_p relu(q_p . x_t),
+
+and the layer returns W_o (x_t - m_t) with m_t the score-weighted mean of the tokens
+so far (causal) or of all tokens (bidirectional, for images):
+
+    m_t = sum_{j<=t} s_j x_j / sum_{j<=t} s_j.
+
+With `heads` > 1 each head has its own P queries (over the whole token) and its own
+mean over its slice of channels; heads=1 is the seed's layer. A causal layer decodes
+with one vector and one scalar per head of state.
+
+Fixes to the seed: its code defines `ScoresMatrix` but uses `self.Matrix`, so it does
+not run as printed; and it divides by (sum + 1e-9), an epsilon that rounds away in
+half precision, so a prefix whose scores are all zero gives 0/0 = NaN. Here such a
+prefix has mean 0 (there is nothing to average), sums accumulate in float32 whatever
+the input dtype, and padded tokens get score 0, so they never enter any mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+
+
+@dataclass
+class MicroState:
+    """Running sums of a causal MicroAttention: sum_j s_j x_j (batch, heads, head_dim) and sum_j s_j (batch, heads)."""
+
+    weighted_sum: torch.Tensor
+    score_sum: torch.Tensor
+
+
+class MicroAttention(nn.Module):
+    def __init__(self, dim: int, heads: int = 1, causal: bool = True, num_queries: int = 4):
+        super().__init__()
+        self.head_dim = check_heads(dim, heads, type(self).__name__)
+        self.dim, self.heads, self.causal, self.num_queries = dim, heads, causal, num_queries
+        self.queries = nn.Parameter(torch.empty(heads * num_queries, dim))
+        nn.init.xavier_uniform_(self.queries)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def _scores_and_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, _ = x.shape
+        wide = torch.promote_types(x.dtype, torch.float32)  # sums accumulate in at least float32
+        scores = F.relu(F.linear(x, self.queries)).to(wide).view(b, n, self.heads, self.num_queries).sum(-1)
+        return scores, x.to(wide).view(b, n, self.heads, self.head_dim)
+
+    def _output(self, x: torch.Tensor, tokens: torch.Tensor, weighted_sum: torch.Tensor, score_sum: torch.Tensor):
+        # A zero score sum means every score so far was zero, and then the weighted sum is zero too.
+        mean = weighted_sum / torch.where(score_sum > 0, score_sum, 1.0)[..., None]
+        return self.proj((tokens - mean).flatten(-2).to(x.dtype))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_tokens(x, self.dim, type(self).__name__)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        scores, tokens = self._scores_and_tokens(x)
+        if key_padding_mask is not None:
+            scores = scores * key_padding_mask[..., None]
+        weighted = tokens * scores[..., None]
+        if self.causal:
+            return self._output(x, tokens, weighted.cumsum(1), scores.cumsum(1))
+        return self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
+
+    def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
+        """Continue the running mean over new tokens x (batch, new, dim)."""
+        if not self.causal:
+            raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
+        check_tokens(x, self.dim, type(self).__name__)
+        scores, tokens = self._scores_and_tokens(x)
+        weighted_sum = (tokens * scores[..., None]).cumsum(1)
+        score_sum = scores.cumsum(1)
+        if state is not None:
+            weighted_sum = weighted_sum + state.weighted_sum[:, None]
+            score_sum = score_sum + state.score_sum[:, None]
+        out = self._output(x, tokens, weighted_sum, score_sum)
+        return out, MicroState(weighted_sum[:, -1].clone(), score_sum[:, -1].clone())

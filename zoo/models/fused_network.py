@@ -1,0 +1,147 @@
+"""The FusedAttention network (fused-attention.md): N-dimensional inputs pooled by fused attention.
+
+Two input forms, as in the write-up:
+- one tensor (B, C, W1, ..., Wn) for any n >= 1, cut into patches with a window per
+  dimension (the n-D convolution with kernel = stride, done for any n by a reshape
+  and one linear map), giving L = prod(Wi / pi) tokens;
+- a collection of L same-sized tensors (B, L, C, W1, ..., Wn), each item one token.
+A few transformer blocks mix the tokens, FusedAttention pools them into one vector
+(alpha, one weight per patch, is there for plots), and a linear head classifies.
+With `patch_output=True`, g_V maps the pooled vector back to one patch (C, p1, ..., pn),
+or one item's shape in the collection form, and the head reads that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zoo.attention import FusedAttention
+from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
+from zoo.registry import register
+from zoo.release import Releasable
+
+
+class FusedAttentionNetwork(Releasable, nn.Module):
+    def __init__(
+        self,
+        input_size: tuple[int, ...] = (40,),
+        patch_size: tuple[int, ...] = (4,),
+        in_chans: int = 1,
+        num_classes: int = 10,
+        collection: int = 0,
+        embed_dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 4,
+        mlp_ratio: float = 2.0,
+        attention: str = "softmax",
+        mlp: str = "mlp",
+        pos_embed: str = "learned",
+        norm: str = "softmax",
+        fuse: str = "mean",
+        patch_output: bool = False,
+        drop_rate: float = 0.0,
+        mean: tuple[float, ...] = (0.0,),
+        std: tuple[float, ...] = (1.0,),
+        label_names: list[str] | None = None,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        input_size, patch_size = tuple(input_size), tuple(patch_size)
+        if len(input_size) < 1 or len(patch_size) != len(input_size):
+            raise ValueError(f"{owner} needs one patch width per input dimension, got input_size={input_size}, "
+                             f"patch_size={patch_size}")
+        if collection:
+            patch_size = input_size  # each item of the collection is one whole patch
+        if any(w % p for w, p in zip(input_size, patch_size)):
+            raise ValueError(f"{owner} needs input_size divisible by patch_size, got {input_size} and {patch_size}")
+        check_choice(attention, ("softmax", "quiet", "micro"), "attention", owner)
+        check_choice(pos_embed, POSITIONS, "pos_embed", owner)
+        self.config = dict(
+            input_size=list(input_size), patch_size=list(patch_size), in_chans=in_chans, num_classes=num_classes,
+            collection=collection, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            attention=attention, mlp=mlp, pos_embed=pos_embed, norm=norm, fuse=fuse, patch_output=patch_output,
+            drop_rate=drop_rate, mean=list(mean), std=list(std), label_names=label_names,
+        )
+        self.input_size, self.patch_size, self.in_chans = input_size, patch_size, in_chans
+        self.collection, self.num_classes, self.embed_dim = collection, num_classes, embed_dim
+        self.grid = tuple(w // p for w, p in zip(input_size, patch_size))
+        self.num_tokens = collection or math.prod(self.grid)
+        patch_numel = in_chans * math.prod(patch_size)
+
+        self.patch_embed = nn.Linear(patch_numel, embed_dim)
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.randn(1, self.num_tokens, embed_dim) * 0.02)
+        elif pos_embed == "sincos":
+            self.register_buffer("pos_embed", sincos_encoding(self.num_tokens, embed_dim)[None], persistent=False)
+        else:
+            self.pos_embed = None
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, attention, mlp=mlp, mlp_ratio=mlp_ratio, max_len=self.num_tokens,
+                  dropout=drop_rate)
+            for _ in range(depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim)
+        g_v = nn.Linear(embed_dim, patch_numel) if patch_output else None
+        self.pool = FusedAttention(embed_dim, heads=num_heads, norm=norm, fuse=fuse, g_v=g_v)
+        self.num_features = patch_numel if patch_output else embed_dim
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(self.num_features, num_classes)
+
+    @property
+    def expected_shape(self) -> tuple[int, ...]:
+        item = (self.in_chans, *self.input_size)
+        return (self.collection, *item) if self.collection else item
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed"}
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, W1..Wn) -> (B, L, C * p1 * ... * pn), patches in row-major grid order."""
+        b, n = x.shape[0], len(self.patch_size)
+        if self.collection:
+            return x.flatten(2)
+        split = [b, self.in_chans]
+        for g, p in zip(self.grid, self.patch_size):
+            split += [g, p]
+        x = x.reshape(split)
+        grid_axes = [2 + 2 * i for i in range(n)]
+        window_axes = [3 + 2 * i for i in range(n)]
+        return x.permute(0, *grid_axes, 1, *window_axes).reshape(b, self.num_tokens, -1)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[1:]) != self.expected_shape:
+            names = "(batch, items, channels, widths...)" if self.collection else "(batch, channels, widths...)"
+            raise ValueError(f"{type(self).__name__} expects input {names} = (batch, "
+                             f"{', '.join(map(str, self.expected_shape))}), got {tuple(x.shape)}")
+        x = self.patch_embed(self.patchify(x))
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        return self.norm(self.blocks(x))
+
+    def pooled(self, x: torch.Tensor, return_alpha: bool = False):
+        """g_V(V alpha): (B, embed_dim), or (B, C, p1..pn) with patch_output; optionally alpha (B, heads, L)."""
+        y, alpha = self.pool(self.forward_features(x), return_alpha=True) if return_alpha else \
+            (self.pool(self.forward_features(x)), None)
+        if self.config["patch_output"]:
+            y = y.view(y.shape[0], self.in_chans, *self.patch_size)
+        return (y, alpha) if return_alpha else y
+
+    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
+        """alpha laid out on the patch grid: (B, heads, g1, ..., gn), or (B, heads, items)."""
+        _, alpha = self.pooled(x, return_alpha=True)
+        return alpha if self.collection else alpha.view(alpha.shape[0], alpha.shape[1], *self.grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.head_drop(self.pooled(x).flatten(1)))
+
+
+TINY = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0)
+register("fused-1d-tiny", "fused", FusedAttentionNetwork, input_size=(40,), patch_size=(4,), **TINY)
+register("fused-2d-tiny", "fused", FusedAttentionNetwork, input_size=(28, 28), patch_size=(4, 4), **TINY)
+register("fused-3d-tiny", "fused", FusedAttentionNetwork, input_size=(28, 28, 28), patch_size=(7, 7, 7),
+         num_classes=2, **TINY)
+register("fused-2d-small", "fused", FusedAttentionNetwork, input_size=(28, 28), patch_size=(4, 4),
+         embed_dim=192, depth=6, num_heads=6, mlp_ratio=4.0)

@@ -1,0 +1,144 @@
+"""ImageTransformer: a ViT-style classifier (sciformer.md's image transformer), with timm's model API.
+
+Patch embedding is a convolution with kernel = stride, so any number of input channels
+works; then a learned position embedding or a fixed 2-D sin-cos encoding, transformer
+blocks whose attention is softmax, quiet or (bidirectional) micro, and a classifier on
+the class token, the mean token or a FusedAttention pooling of the tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from zoo.attention import FusedAttention
+from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding_2d
+from zoo.registry import register
+from zoo.release import Releasable
+
+POOLS = ("token", "avg", "fused")
+
+
+class ImageTransformer(Releasable, nn.Module):
+    def __init__(
+        self,
+        img_size: int = 28,
+        patch_size: int = 4,
+        in_chans: int = 1,
+        num_classes: int = 10,
+        embed_dim: int = 128,
+        depth: int = 6,
+        num_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        attention: str = "softmax",
+        mlp: str = "mlp",
+        pos_embed: str = "learned",
+        learned_bias: bool = False,
+        global_pool: str = "token",
+        drop_rate: float = 0.0,
+        mean: tuple[float, ...] = (0.5,),
+        std: tuple[float, ...] = (0.5,),
+        label_names: list[str] | None = None,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        check_choice(attention, ("softmax", "quiet", "micro"), "attention", owner)
+        check_choice(pos_embed, POSITIONS, "pos_embed", owner)
+        check_choice(global_pool, POOLS, "global_pool", owner)
+        if img_size % patch_size:
+            raise ValueError(f"{owner} needs img_size divisible by patch_size, got {img_size} and {patch_size}")
+        self.config = dict(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention,
+            mlp=mlp, pos_embed=pos_embed, learned_bias=learned_bias, global_pool=global_pool,
+            drop_rate=drop_rate, mean=list(mean), std=list(std), label_names=label_names,
+        )
+        self.img_size, self.in_chans, self.global_pool = img_size, in_chans, global_pool
+        self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
+        self.grad_checkpointing = False
+        grid = img_size // patch_size
+        self.num_prefix_tokens = 1 if global_pool == "token" else 0
+        num_tokens = grid * grid + self.num_prefix_tokens
+
+        self.patch_embed = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if self.num_prefix_tokens else None
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.randn(1, num_tokens, embed_dim) * 0.02)
+        elif pos_embed == "sincos":
+            table = sincos_encoding_2d(grid, grid, embed_dim)
+            table = torch.cat([torch.zeros(self.num_prefix_tokens, embed_dim), table])
+            self.register_buffer("pos_embed", table[None], persistent=False)
+        else:
+            self.pos_embed = None
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, attention, causal=False, mlp=mlp, mlp_ratio=mlp_ratio,
+                  max_len=num_tokens, learned_bias=learned_bias, dropout=drop_rate)
+            for _ in range(depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.pool = FusedAttention(embed_dim, heads=num_heads) if global_pool == "fused" else None
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @property
+    def pretrained_cfg(self) -> dict:
+        c = self.config
+        return {
+            "input_size": (c["in_chans"], c["img_size"], c["img_size"]),
+            "mean": tuple(c["mean"]), "std": tuple(c["std"]),
+            "num_classes": self.num_classes, "classifier": "head", "first_conv": "patch_embed",
+            "label_names": c["label_names"],
+        }
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool is not None and global_pool != self.global_pool:
+            raise ValueError(f"global_pool is fixed at build time ({self.global_pool!r}), got {global_pool!r}")
+        self.num_classes = self.config["num_classes"] = num_classes
+        self.config["label_names"] = None
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        expected = (self.in_chans, self.img_size, self.img_size)
+        if x.dim() != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"{type(self).__name__} expects images of shape (batch, {', '.join(map(str, expected))}),"
+                             f" got {tuple(x.shape)}")
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.grad_checkpointing and self.training else block(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool == "avg":
+            x = x.mean(1)
+        else:
+            x = self.pool(x)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+# img 28, patch 4: 49 tokens. tiny ~0.8M parameters (a 3 MB checkpoint), small ~6.4M.
+TINY = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=3.0)
+SMALL = dict(embed_dim=256, depth=8, num_heads=8, mlp_ratio=4.0)
+for attention, prefix in (("softmax", "vit"), ("quiet", "quiet-vit"), ("micro", "micro-vit")):
+    for size, dims in (("tiny", TINY), ("small", SMALL)):
+        register(f"{prefix}-{size}", "image", ImageTransformer, attention=attention, **dims)
+register("fused-pool-vit-tiny", "image", ImageTransformer, global_pool="fused", **TINY)

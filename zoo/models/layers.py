@@ -1,0 +1,83 @@
+"""Building blocks shared by the three families: the transformer block and position encodings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zoo.attention import FeedForward2, build
+
+MLPS = ("mlp", "ffn2")
+POSITIONS = ("learned", "sincos", "none")
+
+
+def sincos_encoding(length: int, dim: int) -> torch.Tensor:
+    """The fixed sine-cosine position encoding of "Attention Is All You Need", (length, dim)."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table.float()
+
+
+def sincos_encoding_2d(height: int, width: int, dim: int) -> torch.Tensor:
+    """Half the channels encode the row, half the column (as in MAE), (height * width, dim)."""
+    if dim % 4:
+        raise ValueError(f"2-D sin-cos position encoding needs embed_dim divisible by 4, got {dim}")
+    rows = sincos_encoding(height, dim // 2)[:, None].expand(height, width, dim // 2)
+    cols = sincos_encoding(width, dim // 2)[None].expand(height, width, dim // 2)
+    return torch.cat([rows, cols], dim=-1).reshape(height * width, dim)
+
+
+def check_choice(value, choices, what: str, owner: str):
+    if value not in choices:
+        raise ValueError(f"{owner} {what} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+class Mlp(nn.Sequential):
+    def __init__(self, dim: int, ratio: float = 4.0, dropout: float = 0.0):
+        hidden = int(dim * ratio)
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        attention: str = "softmax",
+        causal: bool = False,
+        mlp: str = "mlp",
+        mlp_ratio: float = 4.0,
+        max_len: int | None = None,
+        learned_bias: bool = False,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        check_choice(mlp, MLPS, "mlp", "Block")
+        extra = {}
+        if attention in ("softmax", "quiet"):
+            extra = {"max_len": max_len, "learned_bias": learned_bias, "dropout": dropout}
+        elif learned_bias:
+            raise ValueError(f"learned_bias needs softmax or quiet attention, got attention={attention!r}")
+        if attention == "elita":
+            extra = {"max_len": max_len or 1024}
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = build(attention, dim, heads=heads, causal=causal, **extra)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, mlp_ratio, dropout) if mlp == "mlp" else FeedForward2(dim)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), key_padding_mask=key_padding_mask)
+        return x + self.mlp(self.norm2(x))
+
+    def step(self, x: torch.Tensor, state=None):
+        y, state = self.attn.step(self.norm1(x), state)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), state

@@ -1,0 +1,163 @@
+"""TextTransformer: a decoder-only language model whose attention is swappable by name.
+
+Token embedding, a position embedding that is learned, sinusoidal or absent (micro
+and elita carry order in their running sums and need none), causal blocks, and an
+output layer tied to the embedding. `generate` decodes with each block's recurrent
+state: a KV cache for softmax and quiet, a constant-size state for micro and elita.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
+from zoo.registry import register
+from zoo.release import Releasable
+from zoo.tokenizer import CharTokenizer
+
+
+class TextTransformer(Releasable, nn.Module):
+    def __init__(
+        self,
+        vocab_size: int = 65,
+        context_length: int = 256,
+        embed_dim: int = 128,
+        depth: int = 4,
+        num_heads: int = 4,
+        mlp_ratio: float = 4.0,
+        attention: str = "softmax",
+        mlp: str = "mlp",
+        pos_embed: str = "learned",
+        drop_rate: float = 0.0,
+        tokenizer: dict | None = None,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        check_choice(attention, ("softmax", "quiet", "micro", "elita"), "attention", owner)
+        check_choice(pos_embed, POSITIONS, "pos_embed", owner)
+        self.tokenizer = CharTokenizer.from_dict(tokenizer) if tokenizer else None
+        if self.tokenizer is not None and self.tokenizer.vocab_size != vocab_size:
+            raise ValueError(f"{owner} vocab_size={vocab_size}, but its tokenizer has {self.tokenizer.vocab_size}")
+        self.config = dict(
+            vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim, depth=depth,
+            num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention, mlp=mlp, pos_embed=pos_embed,
+            drop_rate=drop_rate, tokenizer=tokenizer,
+        )
+        self.vocab_size, self.context_length, self.pos_kind = vocab_size, context_length, pos_embed
+        self.tok_embed = nn.Embedding(vocab_size, embed_dim)
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.randn(context_length, embed_dim) * 0.02)
+        else:
+            self.pos_embed = None
+        self.drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList([
+            Block(embed_dim, num_heads, attention, causal=True, mlp=mlp, mlp_ratio=mlp_ratio,
+                  max_len=context_length, dropout=drop_rate)
+            for _ in range(depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, vocab_size, bias=False)
+        self.head.weight = self.tok_embed.weight  # tied
+        nn.init.normal_(self.tok_embed.weight, std=0.02)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "tok_embed.weight"}
+
+    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+        if idx.dim() != 2 or idx.is_floating_point():
+            raise ValueError(f"{type(self).__name__} expects integer token ids of shape (batch, length), "
+                             f"got {tuple(idx.shape)} {idx.dtype}")
+        stop = start + idx.shape[1]
+        if self.pos_kind == "learned" and stop > self.context_length:
+            raise ValueError(f"{type(self).__name__} has learned positions for {self.context_length} tokens, "
+                             f"got {stop}")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
+        x = self.tok_embed(idx)
+        if self.pos_kind == "learned":
+            x = x + self.pos_embed[start:stop]
+        elif self.pos_kind == "sincos":
+            x = x + sincos_encoding(stop, x.shape[-1])[start:].to(x)
+        return self.drop(x)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (batch, length, vocab) for token ids (batch, length)."""
+        x = self._embed(idx, 0)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+    def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int = 0):
+        """Logits for new tokens given every block's state; returns (logits, states)."""
+        x = self._embed(idx, start)
+        states = states or [None] * len(self.blocks)
+        new_states = []
+        for block, state in zip(self.blocks, states):
+            x, state = block.step(x, state)
+            new_states.append(state)
+        return self.head(self.norm(x)), new_states
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: torch.Tensor | list[int] | str,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor | str:
+        """Sample continuations. A string prompt (with a tokenizer) returns a string; ids return ids."""
+        as_text = isinstance(tokens, str)
+        if as_text:
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a model with a tokenizer; pass token ids instead")
+            tokens = self.tokenizer.encode(tokens)
+        idx = torch.as_tensor(tokens, dtype=torch.long, device=self.head.weight.device)
+        if idx.dim() == 1:
+            idx = idx[None]
+        if idx.shape[1] == 0:
+            raise ValueError("generate needs a prompt of at least one token")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        generator = torch.Generator(device=idx.device).manual_seed(seed) if seed is not None else None
+        logits, states = self.forward_step(idx)
+        logits, out = logits[:, -1], [idx]
+        position = idx.shape[1]
+        for _ in range(max_new_tokens):
+            nxt = sample(logits, temperature, top_k, top_p, generator)
+            out.append(nxt)
+            logits, states = self.forward_step(nxt, states, position)
+            logits, position = logits[:, -1], position + 1
+        result = torch.cat(out, dim=1)
+        return self.tokenizer.decode(result[0].tolist()) if as_text else result
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+           generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from (batch, vocab) logits: greedy at temperature 0, else top-k / nucleus sampling."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token once the tokens before it already cover top_p; the most likely always stays
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(F.softmax(logits, -1), 1, generator=generator)
+
+
+# nanoGPT's CPU recipe size: 4 layers, 4 heads, width 128, context 64 (about 0.8M parameters)
+TINY = dict(context_length=256, embed_dim=128, depth=4, num_heads=4)
+SMALL = dict(context_length=256, embed_dim=384, depth=6, num_heads=6)
+for attention, prefix, pos in (("softmax", "gpt", "learned"), ("quiet", "quiet-gpt", "learned"),
+                               ("micro", "micro-gpt", "none"), ("elita", "elita-gpt", "none")):
+    for size, dims in (("tiny", TINY), ("small", SMALL)):
+        mlp = "ffn2" if attention == "elita" else "mlp"
+        register(f"{prefix}-{size}", "text", TextTransformer, attention=attention, pos_embed=pos, mlp=mlp, **dims)

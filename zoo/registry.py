@@ -1,0 +1,63 @@
+"""One registry for every architecture: names, families, defaults, and how to build or load them."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass, field
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    family: str
+    cls: type[nn.Module]
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def attention(self) -> str:
+        return self.kwargs.get("attention", "softmax")
+
+
+_ENTRIES: dict[str, Entry] = {}
+ARCHITECTURES: dict[str, type[nn.Module]] = {}
+
+
+def register(name: str, family: str, cls: type[nn.Module], **kwargs) -> None:
+    if name in _ENTRIES:
+        raise ValueError(f"model {name!r} is registered twice")
+    _ENTRIES[name] = Entry(name, family, cls, kwargs)
+    ARCHITECTURES[cls.__name__] = cls
+
+
+def _entries() -> dict[str, Entry]:
+    import zoo.models  # noqa: F401  (registers the families on first use)
+
+    return _ENTRIES
+
+
+def entry(name: str) -> Entry:
+    entries = _entries()
+    if name not in entries:
+        close = difflib.get_close_matches(name, list(entries), n=5, cutoff=0.4)
+        hint = f"; closest: {', '.join(close)}" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}. `zoo.list_models()` lists all {len(entries)}.")
+    return entries[name]
+
+
+def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
+    """Registered names matching a shell-style wildcard; with pretrained=True only those with shipped weights."""
+    from zoo.release import pretrained_tags
+
+    names = sorted(n for n in _entries() if fnmatch.fnmatch(n, pattern))
+    return [n for n in names if pretrained_tags(n)] if pretrained else names
+
+
+def create(name: str, **overrides) -> nn.Module:
+    """A registered model with random weights; keyword arguments override its defaults."""
+    e = entry(name)
+    model = e.cls(**{**e.kwargs, **overrides})
+    model.model_name = name
+    return model
