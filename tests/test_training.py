@@ -1,0 +1,187 @@
+"""Data modules on the real data, short fits, the command line, and a two-process run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+import zoo
+from zoo.data import MNIST, MNIST1D, AdrenalMNIST3D, CharText, Digits, FashionMNIST
+from zoo.training import ClassificationTask, LanguageModelTask
+from zoo.training.classification import fit_to_data
+from zoo.training.optim import parameter_groups, warmup_cosine
+
+from .conftest import data_root
+
+ROOT = data_root()
+needs_data = pytest.mark.skipif(ROOT is None, reason="shared data folder not found (set ZOO_DATA)")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def quick_trainer(tmp_path, **kw):
+    return L.Trainer(default_root_dir=tmp_path, accelerator="cpu", devices=1, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+# ---- data modules ---------------------------------------------------------------------------
+
+
+def test_digits_split_is_fixed_and_disjoint():
+    a, b = Digits(batch_size=32), Digits(batch_size=32)
+    a.setup(), b.setup()
+    assert len(a.train_set) + len(a.val_set) + len(a.test_set) == 1797
+    assert a.val_set.indices == b.val_set.indices
+    x, y = next(iter(a.train_dataloader()))
+    assert x.shape == (32, 1, 8, 8) and y.dtype == torch.long
+
+
+@needs_data
+@pytest.mark.parametrize("cls,shape,n_train,n_test", [
+    (MNIST, (1, 28, 28), 60000, 10000),
+    (FashionMNIST, (1, 28, 28), 60000, 10000),
+    (MNIST1D, (1, 40), 4000, 1000),
+])
+def test_real_data_modules(cls, shape, n_train, n_test):
+    dm = cls(root=str(ROOT), batch_size=16, **({"download": False} if cls in (MNIST, FashionMNIST) else {}))
+    dm.setup()
+    assert len(dm.train_set) + len(dm.val_set) == n_train and len(dm.test_set) == n_test
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (16, *shape) and 0 <= int(y.min()) and int(y.max()) < 10
+    assert abs(float(dm.test_set.tensors[0].mean())) < 0.5  # normalized
+
+
+@needs_data
+@pytest.mark.parametrize("size", [28, 64])
+def test_adrenal_3d(size):
+    dm = AdrenalMNIST3D(root=str(ROOT), batch_size=4, size=size)
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (1188, 98, 298)
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (4, 1, size, size, size) and set(y.tolist()) <= {0, 1}
+
+
+@needs_data
+def test_char_text_split_and_windows():
+    dm = CharText(path=str(ROOT / "tinyshakespeare" / "input.txt"), context_length=32, batch_size=4,
+                  train_samples=8)
+    assert dm.tokenizer.vocab_size == 65
+    assert len(dm.train_tokens) == int(1_115_394 * 0.9)
+    assert dm.tokenizer.decode(dm.train_tokens[:13].tolist()) == "First Citizen"
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == y.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_missing_data_fails_with_a_clear_message(tmp_path):
+    with pytest.raises(FileNotFoundError, match="MNIST is not under .* could not be downloaded|download=False"):
+        MNIST(root=str(tmp_path), download=False).setup()
+    with pytest.raises(FileNotFoundError, match="AdrenalMNIST3D not found"):
+        AdrenalMNIST3D(root=str(tmp_path)).setup()
+    with pytest.raises(FileNotFoundError, match="text file not found"):
+        CharText(path=str(tmp_path / "none.txt"))
+
+
+# ---- tasks ----------------------------------------------------------------------------------
+
+
+def test_weight_decay_groups_and_schedule():
+    model = zoo.create("gpt-tiny", depth=1)
+    decay, no_decay = parameter_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in no_decay["params"]} >= {"tok_embed.weight", "pos_embed", "norm.weight"}
+    assert all(p.ndim == 2 for p in decay["params"]) and "tok_embed.weight" not in {names[id(p)] for p in
+                                                                                    decay["params"]}
+    assert warmup_cosine(0, 10, 100) == pytest.approx(0.1) and warmup_cosine(9, 10, 100) == pytest.approx(1.0)
+    assert warmup_cosine(100, 10, 100) == pytest.approx(0.1)
+
+
+def test_fit_to_data_checks():
+    info = Digits.info
+    assert fit_to_data("micro-vit-tiny", {}, info)["img_size"] == 8
+    assert fit_to_data("fused-1d-tiny", {}, MNIST1D.info)["input_size"] == [40]
+    with pytest.raises(ValueError, match="num_classes=3, but the data has 10 classes"):
+        fit_to_data("vit-tiny", {"num_classes": 3}, info)
+    with pytest.raises(ValueError, match="text model"):
+        fit_to_data("gpt-tiny", {}, info)
+
+
+def test_short_classification_fit_beats_chance(tmp_path):
+    L.seed_everything(0)
+    dm = Digits(batch_size=64)
+    task = ClassificationTask("micro-vit-tiny", {"patch_size": 2, "embed_dim": 32, "depth": 2},
+                              dm.data_info, lr=3e-3, warmup_steps=10)
+    dm.setup()
+    before = task.evaluate(dm.test_dataloader())["test/acc"]
+    quick_trainer(tmp_path, max_epochs=4).fit(task, dm)
+    after = task.evaluate(dm.test_dataloader())["test/acc"]
+    assert after > 0.3 and after > before + 0.2  # chance is 0.1
+
+
+@needs_data
+def test_short_language_model_fit_lowers_loss(tmp_path):
+    L.seed_everything(0)
+    dm = CharText(path=str(ROOT / "tinyshakespeare" / "input.txt"), context_length=32, batch_size=8,
+                  train_samples=8 * 60, val_windows=40)
+    task = LanguageModelTask("micro-gpt-tiny", {"depth": 1, "embed_dim": 64}, dm.data_info, lr=3e-3,
+                             warmup_steps=5, sample_tokens=20)
+    before = task.evaluate(dm.val_dataloader())["val/loss"]
+    quick_trainer(tmp_path, max_epochs=1).fit(task, dm)
+    after = task.evaluate(dm.val_dataloader())["val/loss"]
+    assert before > 4.0 and after < 3.3  # uniform over 65 characters is ln 65 = 4.17
+    assert len(task.sample) == 21
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def run_zoo(*args, cwd, timeout=300):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "zoo.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_cli_models_table(tmp_path):
+    out = run_zoo("models", "micro-*", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["name", "family", "attention", "params", "pretrained"]
+    assert any(line.startswith("micro-vit-tiny") and "micro" in line for line in lines)
+
+
+def test_cli_fit_test_and_export(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text()
+                      .replace("max_epochs: 30", "max_epochs: 2")
+                      .replace("runs/quickstart/micro-vit-tiny.digits", str(tmp_path / "release")))
+    out = run_zoo("fit", "--config", str(recipe), "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    card = (tmp_path / "release" / "README.md").read_text()
+    assert "test/acc" in card and "zoo fit --config" in card
+    metrics = json.loads((tmp_path / "release" / "config.json").read_text())["metrics"]
+    model = zoo.load(tmp_path / "release")
+    assert model.config["img_size"] == 8 and 0.0 <= metrics["test/acc"] <= 1.0
+    ckpts = sorted((tmp_path / "runs").rglob("last.ckpt"))
+    assert ckpts, "ModelCheckpoint kept no last checkpoint"
+    out = run_zoo("export", str(ckpts[0]), str(tmp_path / "exported"), "--config", str(recipe), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "test/acc" in (tmp_path / "exported" / "README.md").read_text()
+
+
+def test_cli_bad_model_name_stops_at_once(tmp_path):
+    out = run_zoo("fit", "--config", str(REPO / "recipes" / "quickstart.yaml"),
+                  "--model.init_args.model_name", "micro-vit-tny", cwd=tmp_path, timeout=120)
+    assert out.returncode != 0
+    assert "unknown model 'micro-vit-tny'" in out.stderr and "micro-vit-tiny" in out.stderr
+
+
+def test_two_process_ddp_fit(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text().replace("max_epochs: 30", "max_epochs: 1"))
+    out = run_zoo("fit", "--config", str(recipe), "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                  "--trainer.precision", "32", "--trainer.enable_progress_bar", "false", cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "runs" / "quickstart" / "micro-vit-tiny.digits" / "model.safetensors").is_file()

@@ -1,0 +1,8 @@
+"""Lightning data modules on real data sets; each says what a model must fit through `data_info`."""
+
+from zoo.data.arrays import MNIST1D, AdrenalMNIST3D, ArrayClassificationData, Digits
+from zoo.data.text import CharText
+from zoo.data.vision import CIFAR10, MNIST, FashionMNIST
+
+__all__ = ["MNIST1D", "AdrenalMNIST3D", "ArrayClassificationData", "CIFAR10", "CharText", "Digits",
+           "FashionMNIST", "MNIST"]

@@ -1,0 +1,159 @@
+"""Classification data held in memory as tensors: the shared split logic and the array-backed sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
+
+
+class ArrayClassificationData(L.LightningDataModule):
+    """Holds out `val_fraction` of the training split with a fixed seed; tests on the official test split.
+
+    Subclasses implement `load(split)` -> (inputs float tensor, labels long tensor) for
+    split "train" or "test" (and "val" where the set ships one), and set `info`.
+    """
+
+    info: dict  # num_classes, in_chans, input_size, mean, std, label_names
+    has_official_val = False
+
+    def __init__(self, root: str = "data", batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
+                 num_workers: int = 0):
+        super().__init__()
+        self.root = Path(root).expanduser()
+        self.batch_size, self.val_fraction, self.seed, self.num_workers = batch_size, val_fraction, seed, num_workers
+        self.train_set = self.val_set = self.test_set = None
+
+    @property
+    def data_info(self) -> dict:
+        return dict(self.info)
+
+    def load(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.info["mean"]).view(-1, *[1] * (x.dim() - 2))
+        std = torch.tensor(self.info["std"]).view(-1, *[1] * (x.dim() - 2))
+        return (x - mean) / std
+
+    def train_transform(self, dataset: Dataset) -> Dataset:
+        return dataset
+
+    def setup(self, stage: str | None = None):
+        if self.train_set is not None:
+            return
+        x, y = self.load("train")
+        if self.has_official_val:
+            self.train_set = TensorDataset(self.normalize(x), y)
+            self.val_set = TensorDataset(*self._normalized(self.load("val")))
+        else:
+            full = TensorDataset(self.normalize(x), y)
+            n_val = max(1, int(round(len(full) * self.val_fraction)))
+            generator = torch.Generator().manual_seed(self.seed)
+            self.train_set, self.val_set = random_split(full, [len(full) - n_val, n_val], generator=generator)
+        self.test_set = TensorDataset(*self._normalized(self.load("test")))
+
+    def _normalized(self, xy):
+        return self.normalize(xy[0]), xy[1]
+
+    def _loader(self, dataset, shuffle=False):
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self):
+        return self._loader(self.train_transform(self.train_set), shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader(self.val_set)
+
+    def test_dataloader(self):
+        return self._loader(self.test_set)
+
+    def predict_dataloader(self):
+        return self._loader(self.test_set)
+
+
+def require_file(path: Path, what: str, how: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found at {path}; {how}")
+    return path
+
+
+class Digits(ArrayClassificationData):
+    """scikit-learn's 8x8 digits (1797 images, ships with scikit-learn: needs no download).
+
+    It has no official test split, so a fixed 20% (seed 0, stratified by nothing) is the test set.
+    """
+
+    info = {"num_classes": 10, "in_chans": 1, "input_size": [8, 8], "mean": [0.3], "std": [0.38],
+            "label_names": [str(i) for i in range(10)]}
+
+    def load(self, split):
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
+        y = torch.tensor(digits.target, dtype=torch.long)
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+        n_test = len(y) // 5
+        part = order[:n_test] if split == "test" else order[n_test:]
+        return x[part], y[part]
+
+
+class MNIST1D(ArrayClassificationData):
+    """MNIST-1D (Greydanus 2020): 4000 + 1000 signals of length 40, in `root/mnist1d/mnist1d.npz`.
+
+    Without the file, it is generated with the `mnist1d` package's default arguments
+    (`pip install mnist1d`), which reproduce the published data set.
+    """
+
+    info = {"num_classes": 10, "in_chans": 1, "input_size": [40], "mean": [0.0], "std": [1.0],
+            "label_names": [str(i) for i in range(10)]}
+
+    def _arrays(self):
+        path = self.root / "mnist1d" / "mnist1d.npz"
+        if path.is_file():
+            return dict(np.load(path))
+        try:
+            from mnist1d.data import get_dataset_args, make_dataset
+        except ImportError as err:
+            raise FileNotFoundError(f"MNIST-1D not found at {path}, and the `mnist1d` package that generates it "
+                                    "is not installed: `pip install mnist1d`, or point root at a folder that "
+                                    "holds mnist1d/mnist1d.npz") from err
+        data = make_dataset(get_dataset_args())
+        return {"x": data["x"], "y": data["y"], "x_test": data["x_test"], "y_test": data["y_test"]}
+
+    def load(self, split):
+        arrays = self._arrays()
+        x, y = (arrays["x_test"], arrays["y_test"]) if split == "test" else (arrays["x"], arrays["y"])
+        return torch.tensor(x, dtype=torch.float32)[:, None], torch.tensor(y, dtype=torch.long)
+
+
+class AdrenalMNIST3D(ArrayClassificationData):
+    """AdrenalMNIST3D (MedMNIST v2): CT volumes at 28^3 or 64^3, 2 classes, with its official splits.
+
+    Reads MedMNIST's own npz layout, `root/MedMNIST3D/adrenalmnist3d.npz` (or `_64`).
+    """
+
+    has_official_val = True
+
+    def __init__(self, root: str = "data", batch_size: int = 32, size: int = 28, **kwargs):
+        super().__init__(root, batch_size, **kwargs)
+        if size not in (28, 64):
+            raise ValueError(f"AdrenalMNIST3D comes at size 28 or 64, got {size}")
+        self.size = size
+        self.info = {"num_classes": 2, "in_chans": 1, "input_size": [size] * 3, "mean": [0.5], "std": [0.5],
+                     "label_names": ["normal", "hyperplasia"]}
+
+    def load(self, split):
+        name = "adrenalmnist3d.npz" if self.size == 28 else "adrenalmnist3d_64.npz"
+        path = require_file(self.root / "MedMNIST3D" / name, "AdrenalMNIST3D",
+                            "download it from MedMNIST (the `medmnist` package or zenodo record 10519652) "
+                            "into <root>/MedMNIST3D/")
+        with np.load(path) as data:
+            x = torch.tensor(data[f"{split}_images"], dtype=torch.float32)[:, None] / 255.0
+            y = torch.tensor(data[f"{split}_labels"], dtype=torch.long).view(-1)
+        return x, y

@@ -1,0 +1,84 @@
+"""Character-level text from any file: first 90% to train, last 10% to validate, random windows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from zoo.tokenizer import CharTokenizer
+
+
+class RandomWindows(Dataset):
+    """`samples` windows of `context + 1` tokens at random offsets, drawn anew each epoch from a seed."""
+
+    def __init__(self, tokens: torch.Tensor, context: int, samples: int, seed: int):
+        if len(tokens) <= context:
+            raise ValueError(f"text of {len(tokens)} tokens is too short for context_length={context}")
+        self.tokens, self.context, self.samples, self.seed = tokens, context, samples, seed
+        self.epoch = 0
+
+    def __len__(self):
+        return self.samples
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 100_003 + i)
+        start = int(torch.randint(0, len(self.tokens) - self.context, (1,), generator=g))
+        chunk = self.tokens[start : start + self.context + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class FixedWindows(Dataset):
+    """Consecutive non-overlapping windows, for a deterministic validation loss."""
+
+    def __init__(self, tokens: torch.Tensor, context: int, limit: int | None):
+        self.tokens, self.context = tokens, context
+        self.count = (len(tokens) - 1) // context
+        if limit:
+            self.count = min(self.count, limit)
+
+    def __len__(self):
+        return self.count
+
+    def __getitem__(self, i):
+        chunk = self.tokens[i * self.context : (i + 1) * self.context + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class CharText(L.LightningDataModule):
+    """path: a UTF-8 text file (tiny-shakespeare's input.txt by default, under root)."""
+
+    def __init__(self, path: str = "data/tinyshakespeare/input.txt", context_length: int = 64, batch_size: int = 12,
+                 train_samples: int = 24_000, val_windows: int | None = None, train_fraction: float = 0.9,
+                 seed: int = 0, num_workers: int = 0):
+        super().__init__()
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(f"text file not found: {file}; set data.path to a UTF-8 text file "
+                                    "(tiny-shakespeare: github.com/karpathy/char-rnn, data/tinyshakespeare/input.txt)")
+        self.text = file.read_text(encoding="utf-8")
+        self.tokenizer = CharTokenizer.from_text(self.text)
+        self.context_length, self.batch_size, self.num_workers = context_length, batch_size, num_workers
+        self.train_samples, self.val_windows, self.seed = train_samples, val_windows, seed
+        tokens = torch.tensor(self.tokenizer.encode(self.text), dtype=torch.long)
+        split = int(len(tokens) * train_fraction)
+        self.train_tokens, self.val_tokens = tokens[:split], tokens[split:]
+
+    @property
+    def data_info(self) -> dict:
+        return {"vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer.to_dict()}
+
+    def train_dataloader(self):
+        windows = RandomWindows(self.train_tokens, self.context_length, self.train_samples, self.seed)
+        if self.trainer is not None:
+            windows.epoch = self.trainer.current_epoch
+        return DataLoader(windows, batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def val_dataloader(self):
+        windows = FixedWindows(self.val_tokens, self.context_length, self.val_windows)
+        return DataLoader(windows, batch_size=self.batch_size * 4, num_workers=self.num_workers)
+
+    def test_dataloader(self):
+        return self.val_dataloader()  # tiny-shakespeare has no test split; nanoGPT reports validation

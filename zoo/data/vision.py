@@ -1,0 +1,87 @@
+"""torchvision's MNIST, Fashion-MNIST and CIFAR-10, held as tensors (no PIL per sample)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from zoo.data.arrays import ArrayClassificationData
+
+
+class _Torchvision(ArrayClassificationData):
+    dataset_name: str
+    download: bool = True
+
+    def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
+                 **kwargs):
+        super().__init__(root, batch_size, **kwargs)
+        self.download, self.augment = download, augment
+
+    def _dataset(self, train: bool):
+        import torchvision
+
+        cls = getattr(torchvision.datasets, self.dataset_name)
+        try:
+            return cls(str(self.root), train=train, download=False)
+        except RuntimeError:
+            if not self.download:
+                raise FileNotFoundError(f"{self.dataset_name} not found under {self.root} and download=False; "
+                                        f"set data.root to the folder that holds {self.dataset_name}/") from None
+        try:
+            return cls(str(self.root), train=train, download=True)
+        except Exception as err:  # offline, or the mirror is down
+            raise FileNotFoundError(f"{self.dataset_name} is not under {self.root} and could not be downloaded "
+                                    f"({type(err).__name__}: {err}); set data.root to a folder that holds it") from err
+
+    def load(self, split):
+        ds = self._dataset(train=split == "train")
+        x = torch.as_tensor(ds.data)
+        x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]  # CIFAR is stored (N, H, W, C)
+        return x.float() / 255.0, torch.as_tensor(ds.targets, dtype=torch.long)
+
+
+class MNIST(_Torchvision):
+    dataset_name = "MNIST"
+    info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.1307], "std": [0.3081],
+            "label_names": [str(i) for i in range(10)]}
+
+    def train_transform(self, dataset):
+        return _RandomShift(dataset, 2) if self.augment else dataset
+
+
+class FashionMNIST(MNIST):
+    dataset_name = "FashionMNIST"
+    info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.2860], "std": [0.3530],
+            "label_names": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                            "Bag", "Ankle boot"]}
+
+
+class CIFAR10(_Torchvision):
+    dataset_name = "CIFAR10"
+    info = {"num_classes": 10, "in_chans": 3, "input_size": [32, 32], "mean": [0.4914, 0.4822, 0.4465],
+            "std": [0.2470, 0.2435, 0.2616],
+            "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                            "truck"]}
+
+    def train_transform(self, dataset):
+        return _RandomShift(dataset, 4, flip=True) if self.augment else dataset
+
+
+class _RandomShift(Dataset):
+    """Random translation by up to `pad` pixels (zero padding), and optionally a horizontal flip."""
+
+    def __init__(self, dataset, pad: int, flip: bool = False):
+        self.dataset, self.pad, self.flip = dataset, pad, flip
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        x, y = self.dataset[i]
+        h, w = x.shape[-2:]
+        padded = torch.nn.functional.pad(x, (self.pad,) * 4)
+        dy, dx = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
+        x = padded[..., dy : dy + h, dx : dx + w]
+        if self.flip and torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return x, y

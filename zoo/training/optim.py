@@ -1,0 +1,41 @@
+"""AdamW with linear warmup and cosine decay, and no weight decay where decay does harm."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: not norms, biases, embeddings, nor what the model lists in no_weight_decay()."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    embeddings = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim < 2 or name in skip or name in embeddings:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """The learning-rate multiplier: linear from 0 over `warmup` steps, then cosine down to `min_ratio`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def configure(module, lr: float, weight_decay: float, warmup_steps: int, betas=(0.9, 0.95)):
+    """What a LightningModule's configure_optimizers returns, for `module.model`."""
+    optimizer = torch.optim.AdamW(parameter_groups(module.model, weight_decay), lr=lr, betas=betas)
+    total = module.trainer.estimated_stepping_batches
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, min(warmup_steps, total // 2), total)
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
