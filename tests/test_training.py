@@ -185,3 +185,17 @@ def test_two_process_ddp_fit(tmp_path):
                   "--trainer.precision", "32", "--trainer.enable_progress_bar", "false", cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "runs" / "quickstart" / "micro-vit-tiny.digits" / "model.safetensors").is_file()
+
+
+@needs_data
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
+def test_every_recipe_builds_its_model_and_data(recipe, tmp_path, monkeypatch):
+    from zoo.cli import run_lightning
+
+    monkeypatch.chdir(tmp_path)
+    text = (REPO / "recipes" / recipe).read_text()
+    override = (["--data.init_args.path", str(ROOT / "tinyshakespeare" / "input.txt")] if "CharText" in text
+                else [] if "Digits" in text else ["--data.init_args.root", str(ROOT)])
+    cli = run_lightning(["--config", str(REPO / "recipes" / recipe), *override], run=False)
+    assert recipe == "quickstart.yaml" or recipe.startswith(cli.model.model.model_name + ".")
+    assert sum(p.numel() for p in cli.model.parameters()) * 4 < 10e6

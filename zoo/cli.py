@@ -14,7 +14,7 @@ import sys
 TOOLS = ("models", "export", "generate")
 
 
-def run_lightning(args: list[str]) -> None:
+def run_lightning(args: list[str], run: bool = True):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
@@ -30,13 +30,14 @@ def run_lightning(args: list[str]) -> None:
             parser.add_lightning_class_args(ExportRelease, "export")
             parser.set_defaults({"export.command": "zoo " + " ".join(args)})
 
-    ZooCLI(
+    return ZooCLI(
         L.LightningModule, L.LightningDataModule,
         subclass_mode_model=True, subclass_mode_data=True,
         args=args,
         trainer_defaults={"default_root_dir": "runs"},
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
+        run=run,
     )
 
 
