@@ -10,7 +10,6 @@ from zoo.data.arrays import ArrayClassificationData
 
 class _Torchvision(ArrayClassificationData):
     dataset_name: str
-    download: bool = True
 
     def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
                  **kwargs):
