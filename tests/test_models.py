@@ -60,7 +60,7 @@ def test_release_round_trip_is_bit_exact(name, tmp_path):
     folder = model.save_pretrained(tmp_path / name)
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
-    assert config["model_name"] == name and config["architecture"] == type(model).__name__
+    assert config["model_name"] == name and config["class"] == type(model).__name__
     loaded = zoo.load(folder)
     assert not loaded.training
     for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
@@ -241,6 +241,22 @@ def test_generate_sampling_is_seeded_and_text_round_trips():
         model.generate("XYZ", 3)
 
 
+def test_bpe_tokenizer_round_trips_and_travels_with_the_model(tmp_path):
+    pytest.importorskip("tokenizers", reason="the BPE option needs the tokenizers library (zoo[bpe])")
+    from zoo.tokenizer import BPETokenizer
+
+    corpus = "to be or not to be, that is the question\n" * 50
+    tok = BPETokenizer.from_text(corpus, vocab_size=300)
+    assert 256 < tok.vocab_size <= 300  # every byte, plus merges
+    assert len(tok.encode("to be or not to be")) < len("to be or not to be")  # merges were learned
+    for text in ["to be", "unseen: Ωμέγα ✓ 日本\n\t", ""]:  # byte level: any text, not only the corpus
+        assert tok.decode(tok.encode(text)) == text
+    model = zoo.create("gpt-tiny", vocab_size=tok.vocab_size, tokenizer=tok.to_dict(), depth=1).eval()
+    loaded = zoo.load(model.save_pretrained(tmp_path / "bpe"))
+    assert isinstance(loaded.tokenizer, BPETokenizer) and loaded.tokenizer.encode(corpus) == tok.encode(corpus)
+    assert loaded.generate("to be", 10, seed=1) == model.generate("to be", 10, seed=1)
+
+
 def test_top_k_and_top_p_restrict_the_support():
     from zoo.models.text_transformer import sample
 
@@ -261,3 +277,26 @@ def test_text_bad_input():
         model(torch.tensor([[70]]))
     with pytest.raises(ValueError, match="learned positions for 256 tokens, got 300"):
         model(torch.zeros(1, 300, dtype=torch.long))
+
+
+def test_classifiers_carry_their_preprocessing():
+    from PIL import Image
+
+    model = zoo.create("micro-vit-tiny", label_names=list("abcdefghij"), mean=[0.25], std=[0.5]).eval()
+    pixels = torch.randint(0, 256, (28, 28), dtype=torch.uint8)
+    expected = ((pixels.float() / 255 - 0.25) / 0.5)[None, None]  # 0..255 pixels, then the model's mean and std
+    assert torch.allclose(model.preprocess(pixels), expected)
+    assert torch.allclose(model.preprocess(Image.fromarray(pixels.numpy())), expected)
+    assert torch.allclose(model.preprocess(pixels.numpy()), expected)
+    assert model.preprocess(Image.fromarray(pixels.numpy()).resize((56, 56))).shape == (1, 1, 28, 28)
+    top = model.classify(pixels, top_k=3)
+    probs = model(expected).detach().softmax(-1)[0]
+    assert [label for label, _ in top] == [model.config["label_names"][i] for i in probs.topk(3).indices]
+    assert abs(top[0][1] - float(probs.max())) < 1e-4
+    assert len(model.classify(torch.rand(5, 1, 28, 28))) == 5  # a batch gives one list per item
+    with pytest.raises(ValueError, match=r"takes inputs of shape \(1, 28, 28\).*got \(1, 3, 28, 28\)"):
+        model.classify(torch.rand(3, 28, 28))
+    signal = zoo.create("fused-1d-tiny").eval()
+    assert signal.preprocess(torch.randn(40)).shape == (1, 1, 40)
+    with pytest.raises(ValueError, match=r"only images are resized"):
+        signal.preprocess(torch.randn(1, 41))

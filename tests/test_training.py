@@ -76,6 +76,22 @@ def test_char_text_split_and_windows():
     assert x.shape == y.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
 
 
+@needs_data
+def test_char_text_with_bpe_tokenizer():
+    pytest.importorskip("tokenizers")
+    dm = CharText(path=str(ROOT / "tinyshakespeare" / "input.txt"), context_length=32, batch_size=4,
+                  train_samples=8, tokenizer="bpe", vocab_size=512)
+    assert dm.tokenizer.vocab_size == 512
+    text = dm.text[int(len(dm.text) * 0.9):]
+    assert dm.tokenizer.decode(dm.val_tokens.tolist()) == text  # validation is exactly the last 10%
+    assert len(dm.train_tokens) < 0.6 * int(len(dm.text) * 0.9)  # fewer tokens than characters
+    task = LanguageModelTask("gpt-tiny", {"depth": 1}, dm.data_info)
+    assert set(task.evaluate([next(iter(dm.train_dataloader()))])) == {"val/loss", "val/bits_per_token",
+                                                                        "val/perplexity"}
+    with pytest.raises(ValueError, match="tokenizer must be one of"):
+        CharText(path=str(ROOT / "tinyshakespeare" / "input.txt"), tokenizer="words")
+
+
 def test_missing_data_fails_with_a_clear_message(tmp_path):
     with pytest.raises(FileNotFoundError, match="MNIST is not under .* could not be downloaded|download=False"):
         MNIST(root=str(tmp_path), download=False).setup()
@@ -139,7 +155,7 @@ def test_short_language_model_fit_lowers_loss(tmp_path):
 
 
 def run_zoo(*args, cwd, timeout=300):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}  # tests.helpers, for callbacks
     return subprocess.run([sys.executable, "-m", "zoo.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -169,6 +185,37 @@ def test_cli_fit_test_and_export(tmp_path):
     out = run_zoo("export", str(ckpts[0]), str(tmp_path / "exported"), "--config", str(recipe), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "test/acc" in (tmp_path / "exported" / "README.md").read_text()
+    out = run_zoo("check", str(tmp_path / "release"), "--data-root", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 0 and "test/acc" in out.stdout and "MISMATCH" not in out.stdout, out.stderr[-3000:]
+    bare = run_zoo("export", str(ckpts[0]), str(tmp_path / "bare"), cwd=tmp_path)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    assert "No metrics were recorded" in (tmp_path / "bare" / "README.md").read_text()
+
+
+def test_resume_after_sigkill_ends_like_an_uninterrupted_run(tmp_path):
+    """Killed mid-epoch with SIGKILL, resumed with --ckpt_path last: the same weights and metrics, bit for bit."""
+    from safetensors.torch import load_file
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text().replace("max_epochs: 30", "max_epochs: 3"))
+
+    def fit(run, *extra):
+        return run_zoo("fit", "--config", str(recipe), "--trainer.default_root_dir", str(tmp_path / run),
+                       "--export.dirpath", str(tmp_path / run / "release"), "--trainer.enable_progress_bar", "false",
+                       *extra, cwd=tmp_path)
+
+    assert fit("straight").returncode == 0
+    # 1294 training digits in batches of 64: 21 steps an epoch, so step 30 is in the middle of the second
+    killed = fit("resumed", "--trainer.callbacks+=tests.helpers.KillAtStep", "--trainer.callbacks.step=30")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (tmp_path / "resumed" / "release").exists()
+    assert (tmp_path / "resumed" / "checkpoints" / "release" / "last.ckpt").is_file()
+    resumed = fit("resumed", "--ckpt_path", "last")
+    assert resumed.returncode == 0 and "Restored all states" in resumed.stderr + resumed.stdout
+    a, b = (json.loads((tmp_path / run / "release" / "config.json").read_text()) for run in ("straight", "resumed"))
+    assert a["metrics"] == b["metrics"] and a["training"]["steps"] == b["training"]["steps"] == 3 * 21
+    wa, wb = (load_file(tmp_path / run / "release" / "model.safetensors") for run in ("straight", "resumed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_cli_bad_model_name_stops_at_once(tmp_path):

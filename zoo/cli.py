@@ -1,17 +1,21 @@
-"""The `zoo` command: Lightning's CLI for fit/validate/test/predict, plus models, export and generate.
+"""The `zoo` command: Lightning's CLI for fit/validate/test/predict, plus models, export, push, check, generate.
 
     zoo fit --config recipes/quickstart.yaml
     zoo models 'micro-*'
     zoo export runs/.../checkpoints/best.ckpt out/my-model [--config recipe.yaml]
+    zoo push checkpoints/micro-vit-tiny.mnist --repo my-org/micro-vit-tiny-mnist
+    zoo check micro-vit-tiny.mnist --data-root ../shared/data
     zoo generate micro-gpt-tiny.shakespeare --prompt "ROMEO:"
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
-TOOLS = ("models", "export", "generate")
+TOOLS = ("models", "export", "push", "check", "generate")
 
 
 def run_lightning(args: list[str], run: bool = True):
@@ -29,6 +33,16 @@ def run_lightning(args: list[str], run: bool = True):
                                  "checkpoint.save_last": True, "checkpoint.filename": "best"})
             parser.add_lightning_class_args(ExportRelease, "export")
             parser.set_defaults({"export.command": "zoo " + " ".join(args)})
+
+        def before_instantiate_classes(self):
+            # A fixed checkpoint folder per run (not one per logger version), so that
+            # `--ckpt_path last` finds the last checkpoint of the run it resumes.
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            if "checkpoint" in config and config.checkpoint.dirpath is None:
+                model = config.model.init_args
+                run = Path(config.export.dirpath).name if config.export.dirpath else model.get("model_name", "run")
+                root = config.trainer.default_root_dir or "runs"
+                config.checkpoint.dirpath = str(Path(root) / "checkpoints" / run)
 
     return ZooCLI(
         L.LightningModule, L.LightningDataModule,
@@ -68,39 +82,56 @@ def export_command(argv: list[str]) -> None:
     parser.add_argument("--config", help="the recipe it was trained with: measure test metrics for the card")
     args = parser.parse_args(argv)
 
-    import torch
-    from tqdm import tqdm
+    from zoo.training.export import export_checkpoint
 
-    from zoo.registry import entry
-    from zoo.release import save_pretrained
-    from zoo.training import ClassificationTask, LanguageModelTask
-    from zoo.training.export import export, model_card
-
-    steps = tqdm(total=3, desc="export", unit="step")
-    hparams = torch.load(args.checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
-    if "model_name" not in hparams:
-        raise SystemExit(f"{args.checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
-    task_cls = LanguageModelTask if entry(hparams["model_name"]).family == "text" else ClassificationTask
-    task = task_cls.load_from_checkpoint(args.checkpoint, map_location="cpu")
-    steps.update()
-    if args.config:
-        import yaml
-        from jsonargparse import ArgumentParser
-        from lightning import LightningDataModule
-
-        data_cfg = yaml.safe_load(open(args.config))["data"]
-        parser = ArgumentParser()
-        parser.add_subclass_arguments(LightningDataModule, "data")
-        datamodule = parser.instantiate_classes(parser.parse_object({"data": data_cfg})).data
-        steps.update()
-        path, metrics = export(task, datamodule, args.outdir, command=f"zoo fit --config {args.config}")
-    else:
-        steps.update()
-        card = model_card(task.model, args.outdir.rstrip("/").split("/")[-1], {}, None, None, "unrecorded data")
-        path, metrics = save_pretrained(task.model, args.outdir, card=card), {}
-    steps.update()
-    steps.close()
+    path, metrics = export_checkpoint(args.checkpoint, args.outdir, args.config)
     print(f"exported {path}" + (f" with {metrics}" if metrics else ""))
+
+
+def push_command(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="zoo push", description="Upload a release folder to the Hugging Face Hub (token from huggingface_hub's "
+                                     "usual places: HF_TOKEN or `hf auth login`).")
+    parser.add_argument("source", help="a release folder, a registered name with weights (name.tag) or a .ckpt")
+    parser.add_argument("--repo", required=True, help="the Hub repository, org/name")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", help="the branch to commit to (created when missing); default main")
+    parser.add_argument("--config", help="for a .ckpt: the recipe it was trained with, to measure metrics")
+    args = parser.parse_args(argv)
+
+    from zoo.hub import push
+
+    url = push(args.source, args.repo, private=args.private, revision=args.revision, config=args.config)
+    print(f"pushed {args.source} to {url}")
+
+
+def check_command(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="zoo check", description="Measure shipped (or any) release folders again and compare with their cards.")
+    parser.add_argument("sources", nargs="*", help="names with tags (micro-vit-tiny.mnist) or folders; default: all "
+                                                   "shipped checkpoints")
+    parser.add_argument("--data-root", default=os.environ.get("ZOO_DATA", "data"),
+                        help="the folder that holds the data sets (default: $ZOO_DATA, else ./data)")
+    parser.add_argument("--json", help="also write the table here")
+    args = parser.parse_args(argv)
+
+    from zoo.release import checkpoint_folder
+    from zoo.training.check import check, shipped_folders
+
+    folders = [Path(s) if Path(s).is_dir() else checkpoint_folder(s) for s in args.sources] or shipped_folders()
+    rows = []
+    for folder in folders:
+        for row in check(folder, args.data_root):
+            rows.append({"release": folder.name, **row})
+            print(f"{folder.name:34s} {row['metric']:14s} card {row['card']:<9} measured {row['measured']:<9} "
+                  f"diff {row['diff_points']:.3f} points  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
+    if args.json:
+        from zoo.release import write_json_atomic
+
+        write_json_atomic(args.json, rows)
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        raise SystemExit(f"{len(bad)} metric(s) differ from their card by more than the tolerance")
 
 
 def generate_command(argv: list[str]) -> None:
@@ -124,7 +155,9 @@ def generate_command(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
-        {"models": models_command, "export": export_command, "generate": generate_command}[argv[0]](argv[1:])
+        commands = {"models": models_command, "export": export_command, "push": push_command,
+                    "check": check_command, "generate": generate_command}
+        commands[argv[0]](argv[1:])
     else:
         run_lightning(argv)
 

@@ -29,13 +29,24 @@ def validate_repo_id(repo_id: str) -> str:
 def download(source: str, token: str | bool | None = None, cache_dir: str | None = None,
              local_files_only: bool = False) -> Path:
     """Fetch config.json, model.safetensors and the card through huggingface_hub's cache."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     repo_id, revision = parse_source(source)
-    folder = Path(snapshot_download(
-        repo_id, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
-        allow_patterns=[CONFIG, WEIGHTS, CARD],
-    ))
+    try:
+        folder = Path(snapshot_download(
+            repo_id, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
+            allow_patterns=[CONFIG, WEIGHTS, CARD],
+        ))
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(f"hf-hub:{repo_id}: no such repository on {constants.ENDPOINT} "
+                                "(or it is private or gated: pass token=...)") from None
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"hf-hub:{repo_id} has no revision {revision!r}") from None
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"hf-hub:{repo_id}{'@' + revision if revision else ''} is not in the local cache "
+                                f"and the Hub cannot be reached (offline or local_files_only): download it "
+                                f"once while online") from None
     if not (folder / WEIGHTS).is_file():
         hint = ""
         if not local_files_only:
@@ -49,3 +60,52 @@ def download(source: str, token: str | bool | None = None, cache_dir: str | None
     if not (folder / CONFIG).is_file():
         raise FileNotFoundError(f"hf-hub:{repo_id} has no {CONFIG}; it is not a zoo release folder")
     return folder
+
+
+def release_folder(source, config: str | None = None) -> Path:
+    """The release folder behind `source`: a folder, a registered name with weights, or a .ckpt (exported)."""
+    from zoo.release import checkpoint_folder
+
+    path = Path(source)
+    if path.is_file() and path.suffix == ".ckpt":
+        import tempfile
+
+        from zoo.training.export import export_checkpoint
+
+        folder, _ = export_checkpoint(path, Path(tempfile.mkdtemp(prefix="zoo-push-")) / path.stem, config)
+        return folder
+    if path.is_dir():
+        return path
+    return checkpoint_folder(str(source))
+
+
+def upload_files(folder: Path) -> list[str]:
+    """What `push` uploads from a release folder: config, weights and card, never anything pickled."""
+    missing = [f for f in (CONFIG, WEIGHTS) if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} is not a release folder: it lacks {', '.join(missing)}")
+    return [f for f in (CONFIG, WEIGHTS, CARD) if (folder / f).is_file()]
+
+
+def push(source, repo_id: str, *, private: bool = False, revision: str | None = None, token: str | None = None,
+         config: str | None = None, commit_message: str | None = None, api=None) -> str:
+    """Upload a release folder to the Hub repository `repo_id` (created if needed); returns the commit URL.
+
+    The token comes from `token` or huggingface_hub's usual places (HF_TOKEN, `hf auth login`);
+    zoo never prints or stores it.
+    """
+    validate_repo_id(repo_id)
+    folder = release_folder(source, config)
+    files = upload_files(folder)
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    if revision:
+        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(
+        repo_id=repo_id, folder_path=str(folder), allow_patterns=files, revision=revision, repo_type="model",
+        commit_message=commit_message or f"Upload {folder.name} with zoo",
+    )
+    return str(getattr(commit, "commit_url", commit))

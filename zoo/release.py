@@ -16,6 +16,8 @@ from pathlib import Path
 
 from torch import nn
 
+from zoo.card import model_card
+
 CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "README.md"
 FORMAT_VERSION = 1
 
@@ -49,27 +51,21 @@ class Releasable:
 def _config_json(model: nn.Module, extra: dict | None) -> dict:
     config = {
         "format_version": FORMAT_VERSION,
+        "class": type(model).__name__,
         "architecture": type(model).__name__,
         "model_name": getattr(model, "model_name", None),
         "args": model.config,
     }
     cfg = getattr(model, "pretrained_cfg", None)
-    if cfg is not None:  # the keys timm reads from a Hub config.json
+    if cfg is not None and config["model_name"]:
+        # The keys timm reads from a Hub config.json: `timm.create_model("hf-hub:org/repo")`
+        # builds `architecture` from timm's registry with `model_args`.
+        config["architecture"] = config["model_name"].replace("-", "_")
+        config["model_args"] = model.config
         config["num_classes"] = model.num_classes
         config["num_features"] = model.num_features
         config["pretrained_cfg"] = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
     return {**config, **(extra or {})}
-
-
-def _default_card(model: nn.Module, config: dict) -> str:
-    params = sum(p.numel() for p in model.parameters())
-    name = config.get("model_name") or config["architecture"]
-    return (
-        "---\nlibrary_name: zoo\ntags:\n- zoo\n- pytorch\n---\n\n"
-        f"# {name}\n\n{config['architecture']} with {params:,} parameters.\n\n"
-        f"```python\nimport zoo\nmodel = zoo.load(\"path/to/this/folder\")\n```\n\n"
-        f"Configuration:\n\n```json\n{json.dumps(config['args'], indent=2)}\n```\n"
-    )
 
 
 def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict | None = None) -> Path:
@@ -83,7 +79,7 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
     try:
         (staging / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         save_model(model, str(staging / WEIGHTS))  # drops tied duplicates; load_release restores them
-        (staging / CARD).write_text(card if card is not None else _default_card(model, config))
+        (staging / CARD).write_text(card if card is not None else model_card(model, path.name, config))
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old")
@@ -94,6 +90,22 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def write_json_atomic(path, data) -> Path:
+    """JSON written to a temporary file beside `path`, then renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
@@ -137,9 +149,9 @@ def load_release(path, strict: bool = True, **overrides) -> nn.Module:
         raise FileNotFoundError(f"a release folder needs {CONFIG} and {WEIGHTS}; {path} holds {found or 'nothing'}")
     config = json.loads((path / CONFIG).read_text())
     _entries()  # make sure every architecture is registered
-    arch = config.get("architecture")
+    arch = config.get("class")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{path / CONFIG} names architecture {arch!r}; known: {sorted(ARCHITECTURES)}")
+        raise ValueError(f"{path / CONFIG} names class {arch!r}; zoo knows {sorted(ARCHITECTURES)}")
     args = {**config["args"], **overrides}
     model = ARCHITECTURES[arch](**args)
     model.model_name = config.get("model_name")
@@ -150,18 +162,29 @@ def load_release(path, strict: bool = True, **overrides) -> nn.Module:
     return model.eval()
 
 
-def load(source: str | os.PathLike, strict: bool = True, **overrides) -> nn.Module:
-    """A model in eval mode from a registered name (`name` or `name.tag`), a release folder or the Hub."""
-    from zoo.registry import entry
+def load(source: str | os.PathLike, strict: bool = True, *, token: str | bool | None = None,
+         cache_dir: str | os.PathLike | None = None, local_files_only: bool = False, **overrides) -> nn.Module:
+    """A model in eval mode from a registered name (`name` or `name.tag`), a release folder or the Hub.
 
+    `hf-hub:org/repo[@revision]` downloads through huggingface_hub's cache; token, cache_dir
+    and local_files_only are passed on to it (and mean nothing for the other sources).
+    """
     text = str(source)
     if text.startswith("hf-hub:"):
         from zoo.hub import download
 
-        return load_release(download(text), strict=strict, **overrides)
+        folder = download(text, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        return load_release(folder, strict=strict, **overrides)
     if Path(text).is_dir():
         return load_release(text, strict=strict, **overrides)
-    name, _, tag = text.partition(".")
+    return load_release(checkpoint_folder(text), strict=strict, **overrides)
+
+
+def checkpoint_folder(name_tag: str) -> Path:
+    """The shipped release folder of `name` or `name.tag` (the first tag when none is given)."""
+    from zoo.registry import entry
+
+    name, _, tag = name_tag.partition(".")
     entry(name)  # unknown names fail here, with the closest registered ones
     tags = pretrained_tags(name)
     if not tags:
@@ -170,5 +193,4 @@ def load(source: str | os.PathLike, strict: bool = True, **overrides) -> nn.Modu
     tag = tag or tags[0]
     if tag not in tags:
         raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {tags}")
-    folder = next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())
-    return load_release(folder, strict=strict, **overrides)
+    return next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())

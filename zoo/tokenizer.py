@@ -35,3 +35,60 @@ class CharTokenizer:
         if d.get("type") != "char":
             raise ValueError(f"expected a tokenizer of type 'char', got {d.get('type')!r}")
         return cls(d["chars"])
+
+
+class BPETokenizer:
+    """Byte-level BPE from the `tokenizers` library (pip install 'zoo[bpe]'): round-trips any text.
+
+    Saved as the library's own JSON, so a release folder stays JSON and safetensors only.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_text(cls, text: str, vocab_size: int = 512) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+        tokenizer.train_from_iterator(_chunks(text), trainer=trainer)
+        return cls(tokenizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def to_dict(self) -> dict:
+        return {"type": "bpe", "json": self.tokenizer.to_str()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BPETokenizer:
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_str(d["json"]))
+
+
+def _chunks(text: str, size: int = 1 << 16):
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
+
+
+def tokenizer_from_dict(d: dict):
+    """The tokenizer saved as `d` (its "type" names the kind)."""
+    kind = d.get("type")
+    if kind not in TOKENIZERS:
+        raise ValueError(f"expected a tokenizer of type {sorted(TOKENIZERS)}, got {kind!r}")
+    return TOKENIZERS[kind].from_dict(d)

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
 
+from zoo.data.sampling import EpochSampler
+
 
 class ArrayClassificationData(L.LightningDataModule):
     """Holds out `val_fraction` of the training split with a fixed seed; tests on the official test split.
@@ -19,6 +21,9 @@ class ArrayClassificationData(L.LightningDataModule):
 
     info: dict  # num_classes, in_chans, input_size, mean, std, label_names
     has_official_val = False
+    dataset = ""  # the data set's usual name, for model cards
+    hub_dataset: str | None = None  # its Hugging Face Hub id, for the model card's metadata
+    test_split = "official test split"
 
     def __init__(self, root: str = "data", batch_size: int = 64, val_fraction: float = 0.1, seed: int = 0,
                  num_workers: int = 0):
@@ -33,6 +38,18 @@ class ArrayClassificationData(L.LightningDataModule):
 
     def load(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def describe(self) -> dict:
+        """The data set and its splits in the words of a model card (after `setup`)."""
+        val = ("the official validation split" if self.has_official_val
+               else f"held out from the training split with seed {self.seed}")
+        args = {"batch_size": self.batch_size, "val_fraction": self.val_fraction, "seed": self.seed}
+        if hasattr(self, "size"):
+            args["size"] = self.size
+        return {"name": self.dataset, "hub_id": self.hub_dataset,
+                "class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": args,
+                "splits": f"{len(self.train_set):,} training, {len(self.val_set):,} validation ({val}), "
+                          f"{len(self.test_set):,} test ({self.test_split})"}
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.info["mean"]).view(-1, *[1] * (x.dim() - 2))
@@ -60,7 +77,8 @@ class ArrayClassificationData(L.LightningDataModule):
         return self.normalize(xy[0]), xy[1]
 
     def _loader(self, dataset, shuffle=False):
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
+        sampler = EpochSampler(dataset, self.seed) if shuffle else None
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self):
@@ -88,6 +106,8 @@ class Digits(ArrayClassificationData):
     It has no official test split, so a fixed 20% (seed 0, stratified by nothing) is the test set.
     """
 
+    dataset = "scikit-learn digits"
+    test_split = "a fixed 20% of the set, seed 0"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [8, 8], "mean": [0.3], "std": [0.38],
             "label_names": [str(i) for i in range(10)]}
 
@@ -110,6 +130,7 @@ class MNIST1D(ArrayClassificationData):
     (`pip install mnist1d`), which reproduce the published data set.
     """
 
+    dataset = "MNIST-1D"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [40], "mean": [0.0], "std": [1.0],
             "label_names": [str(i) for i in range(10)]}
 
@@ -139,12 +160,14 @@ class AdrenalMNIST3D(ArrayClassificationData):
     """
 
     has_official_val = True
+    hub_dataset = "albertvillanova/medmnist-v2"
 
     def __init__(self, root: str = "data", batch_size: int = 32, size: int = 28, **kwargs):
         super().__init__(root, batch_size, **kwargs)
         if size not in (28, 64):
             raise ValueError(f"AdrenalMNIST3D comes at size 28 or 64, got {size}")
         self.size = size
+        self.dataset = f"AdrenalMNIST3D at {size}^3 (MedMNIST v2)"
         self.info = {"num_classes": 2, "in_chans": 1, "input_size": [size] * 3, "mean": [0.5], "std": [0.5],
                      "label_names": ["normal", "hyperplasia"]}
 

@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import Dataset
 
 from zoo.data.arrays import ArrayClassificationData
+from zoo.data.sampling import epoch_generator
 
 
 class _Torchvision(ArrayClassificationData):
@@ -40,37 +41,43 @@ class _Torchvision(ArrayClassificationData):
 
 
 class MNIST(_Torchvision):
-    dataset_name = "MNIST"
+    dataset_name = dataset = "MNIST"
+    hub_dataset = "ylecun/mnist"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.1307], "std": [0.3081],
             "label_names": [str(i) for i in range(10)]}
 
     def train_transform(self, dataset):
-        return _RandomShift(dataset, 2) if self.augment else dataset
+        return _RandomShift(dataset, 2, seed=self.seed) if self.augment else dataset
 
 
 class FashionMNIST(MNIST):
-    dataset_name = "FashionMNIST"
+    dataset_name, dataset = "FashionMNIST", "Fashion-MNIST"
+    hub_dataset = "zalando-datasets/fashion_mnist"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.2860], "std": [0.3530],
             "label_names": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                             "Bag", "Ankle boot"]}
 
 
 class CIFAR10(_Torchvision):
-    dataset_name = "CIFAR10"
+    dataset_name, dataset = "CIFAR10", "CIFAR-10"
+    hub_dataset = "uoft-cs/cifar10"
     info = {"num_classes": 10, "in_chans": 3, "input_size": [32, 32], "mean": [0.4914, 0.4822, 0.4465],
             "std": [0.2470, 0.2435, 0.2616],
             "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                             "truck"]}
 
     def train_transform(self, dataset):
-        return _RandomShift(dataset, 4, flip=True) if self.augment else dataset
+        return _RandomShift(dataset, 4, flip=True, seed=self.seed) if self.augment else dataset
 
 
 class _RandomShift(Dataset):
     """Random translation by up to `pad` pixels (zero padding), and optionally a horizontal flip."""
 
-    def __init__(self, dataset, pad: int, flip: bool = False):
-        self.dataset, self.pad, self.flip = dataset, pad, flip
+    def __init__(self, dataset, pad: int, flip: bool = False, seed: int = 0):
+        self.dataset, self.pad, self.flip, self.seed, self.epoch = dataset, pad, flip, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __len__(self):
         return len(self.dataset)
@@ -79,8 +86,9 @@ class _RandomShift(Dataset):
         x, y = self.dataset[i]
         h, w = x.shape[-2:]
         padded = torch.nn.functional.pad(x, (self.pad,) * 4)
-        dy, dx = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
+        g = epoch_generator(self.seed, self.epoch, i)
+        dy, dx = torch.randint(0, 2 * self.pad + 1, (2,), generator=g).tolist()
         x = padded[..., dy : dy + h, dx : dx + w]
-        if self.flip and torch.rand(()) < 0.5:
+        if self.flip and torch.rand((), generator=g) < 0.5:
             x = x.flip(-1)
         return x, y

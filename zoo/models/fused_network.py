@@ -19,12 +19,13 @@ import torch
 from torch import nn
 
 from zoo.attention import FusedAttention
+from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
 
 
-class FusedAttentionNetwork(Releasable, nn.Module):
+class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
     def __init__(
         self,
         input_size: tuple[int, ...] = (40,),
@@ -89,6 +90,10 @@ class FusedAttentionNetwork(Releasable, nn.Module):
         self.num_features = patch_numel if patch_output else embed_dim
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(self.num_features, num_classes)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.in_chans, *self.input_size)
 
     @property
     def expected_shape(self) -> tuple[int, ...]:

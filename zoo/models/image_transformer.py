@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import FusedAttention
+from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding_2d
 from zoo.registry import register
 from zoo.release import Releasable
@@ -20,7 +21,7 @@ from zoo.release import Releasable
 POOLS = ("token", "avg", "fused")
 
 
-class ImageTransformer(Releasable, nn.Module):
+class ImageTransformer(Classifier, Releasable, nn.Module):
     def __init__(
         self,
         img_size: int = 28,
@@ -90,6 +91,10 @@ class ImageTransformer(Releasable, nn.Module):
             "num_classes": self.num_classes, "classifier": "head", "first_conv": "patch_embed",
             "label_names": c["label_names"],
         }
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.in_chans, self.img_size, self.img_size)
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}

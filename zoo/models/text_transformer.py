@@ -15,7 +15,7 @@ from torch import nn
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
-from zoo.tokenizer import CharTokenizer
+from zoo.tokenizer import tokenizer_from_dict
 
 
 class TextTransformer(Releasable, nn.Module):
@@ -37,7 +37,7 @@ class TextTransformer(Releasable, nn.Module):
         owner = type(self).__name__
         check_choice(attention, ("softmax", "quiet", "micro", "elita"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
-        self.tokenizer = CharTokenizer.from_dict(tokenizer) if tokenizer else None
+        self.tokenizer = tokenizer_from_dict(tokenizer) if tokenizer else None
         if self.tokenizer is not None and self.tokenizer.vocab_size != vocab_size:
             raise ValueError(f"{owner} vocab_size={vocab_size}, but its tokenizer has {self.tokenizer.vocab_size}")
         self.config = dict(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
@@ -13,51 +12,39 @@ import torch
 from zoo.release import save_pretrained
 
 
-def model_card(model, name: str, metrics: dict, command: str | None, seconds: float | None, data: str) -> str:
-    params = sum(p.numel() for p in model.parameters())
-    tags = ["zoo", "pytorch", type(model).__name__, f"attention-{model.config.get('attention', 'softmax')}"]
-    metric_names = sorted({k.split("/")[-1] for k in metrics})
-    lines = [
-        "---", "library_name: zoo", "license: mit", "tags:", *[f"- {t}" for t in tags],
-        "metrics:", *[f"- {m}" for m in metric_names], "---", "",
-        f"# {name}", "",
-        f"{type(model).__name__} with {params:,} parameters, trained with zoo on {data}.", "",
-        "## Results", "",
-    ]
-    if metrics:
-        lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], ""]
-        lines += ["Measured on the held-out split named in each metric, at export time, on the run's best "
-                  "checkpoint (lowest validation loss).", ""]
-    else:
-        lines += ["No metrics were measured at export: run `zoo test` with the recipe to measure them.", ""]
-    if command:
-        lines += ["## Training", "", f"```\n{command}\n```", ""]
-        if seconds is not None:
-            lines += [f"Training took {seconds / 60:.1f} minutes on {platform.machine()} "
-                      f"({torch.get_num_threads()} threads).", ""]
-    lines += ["## Use", "", f"```python\nimport zoo\nmodel = zoo.load(\"path/to/{name}\")\n```", "",
-              "## Configuration", "", f"```json\n{json.dumps(model.config, indent=2)}\n```", ""]
-    return "\n".join(lines)
-
-
 def export(task: L.LightningModule, datamodule, outdir, command: str | None = None,
-           seconds: float | None = None) -> tuple[Path, dict]:
-    """Evaluate `task` on the data's test split and write its model as a release folder."""
+           seconds: float | None = None, run: dict | None = None) -> tuple[Path, dict]:
+    """Evaluate `task` on the data's test split and write its model as a release folder.
+
+    run: what the card should say about training (epochs, steps, precision); it is kept in
+    config.json beside the metrics, so that the card can be written again from the folder.
+    """
     datamodule.setup("test")
     metrics = task.evaluate(datamodule.test_dataloader())
     model = task.model
-    name = Path(outdir).name
-    card = model_card(model, name, metrics, command, seconds, type(datamodule).__name__)
-    path = save_pretrained(model, outdir, card=card, extra={"metrics": metrics})
+    data = datamodule.describe() if hasattr(datamodule, "describe") else {"name": type(datamodule).__name__}
+    training = {"command": command, "seconds": seconds, "threads": torch.get_num_threads(),
+                "machine": platform.machine(), "data": data, **(run or {})}
+    path = save_pretrained(model, outdir, extra={"metrics": metrics, "training": training})
     return path, metrics
 
 
 class ExportRelease(L.Callback):
     """At the end of fit, load the best checkpoint and export it (with test metrics) to `dirpath`."""
 
-    def __init__(self, dirpath: str | None = None, command: str | None = None):
-        self.dirpath, self.command = dirpath, command
+    def __init__(self, dirpath: str | None = None, command: str | None = None, push_to: str | None = None,
+                 private: bool = False):
+        """push_to: a Hub repository (org/name) to upload the exported folder to with `zoo.hub.push`."""
+        self.dirpath, self.command, self.push_to, self.private = dirpath, command, push_to, private
         self.started = None
+
+    def setup(self, trainer, pl_module, stage):
+        if self.push_to and not self.dirpath:
+            raise ValueError("export.push_to needs export.dirpath: the folder to write and then upload")
+        if self.push_to:
+            from zoo.hub import validate_repo_id
+
+            validate_repo_id(self.push_to)  # fail before training, not after
 
     def on_fit_start(self, trainer, pl_module):
         self.started = time.time()
@@ -70,5 +57,48 @@ class ExportRelease(L.Callback):
         if best:
             state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
             pl_module.load_state_dict(state)
-        path, metrics = export(pl_module, trainer.datamodule, self.dirpath, self.command, seconds)
+        run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
+               "best_checkpoint_val_loss": float(trainer.checkpoint_callback.best_model_score)
+               if best and trainer.checkpoint_callback.best_model_score is not None else None}
+        path, metrics = export(pl_module, trainer.datamodule, self.dirpath, self.command, seconds, run)
         print(f"exported {path} with {metrics}")
+        if self.push_to:
+            from zoo.hub import push
+
+            print(f"pushed to {push(path, self.push_to, private=self.private)}")
+
+
+def export_checkpoint(checkpoint, outdir, config: str | None = None) -> tuple[Path, dict]:
+    """A zoo Lightning checkpoint (our own file, read with weights_only) to a release folder.
+
+    With the recipe it was trained with (`config`), the card gets test metrics measured now.
+    """
+    from tqdm import tqdm
+
+    from zoo.registry import entry
+    from zoo.training import ClassificationTask, LanguageModelTask
+
+    steps = tqdm(total=3, desc="export", unit="step")
+    hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+    if "model_name" not in hparams:
+        raise ValueError(f"{checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
+    task_cls = LanguageModelTask if entry(hparams["model_name"]).family == "text" else ClassificationTask
+    task = task_cls.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    steps.update()
+    if config:
+        import yaml
+        from jsonargparse import ArgumentParser
+
+        parser = ArgumentParser()
+        parser.add_subclass_arguments(L.LightningDataModule, "data")
+        with open(config) as f:
+            data = yaml.safe_load(f)["data"]
+        datamodule = parser.instantiate_classes(parser.parse_object({"data": data})).data
+        steps.update()
+        path, metrics = export(task, datamodule, outdir, command=f"zoo fit --config {config}")
+    else:
+        steps.update()
+        path, metrics = save_pretrained(task.model, outdir), {}
+    steps.update()
+    steps.close()
+    return path, metrics

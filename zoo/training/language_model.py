@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import torchmetrics
 
 import zoo
+from zoo.tokenizer import BPETokenizer
 from zoo.training import optim
 
 
@@ -30,6 +31,8 @@ class LanguageModelTask(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.model = zoo.create(model_name, **{**(data_info or {}), **(model_overrides or {})})
+        # bits per character only where a token is a character; per token otherwise (BPE)
+        self.bits = "bits_per_token" if isinstance(self.model.tokenizer, BPETokenizer) else "bpc"
         self.val_loss = torchmetrics.MeanMetric()
         self.test_loss = torchmetrics.MeanMetric()
 
@@ -69,7 +72,7 @@ class LanguageModelTask(L.LightningModule):
         loss = metric.compute()
         metric.reset()
         self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)
-        self.log(f"{stage}/bpc", loss / math.log(2), sync_dist=True)
+        self.log(f"{stage}/{self.bits}", loss / math.log(2), sync_dist=True)
         self.log(f"{stage}/perplexity", loss.exp(), sync_dist=True)
 
     @torch.no_grad()
@@ -83,7 +86,7 @@ class LanguageModelTask(L.LightningModule):
             total, count = total + float(loss) * y.numel(), count + y.numel()
         self.train(was_training)
         loss = total / count
-        return {"val/loss": round(loss, 5), "val/bpc": round(loss / math.log(2), 5),
+        return {"val/loss": round(loss, 5), f"val/{self.bits}": round(loss / math.log(2), 5),
                 "val/perplexity": round(math.exp(loss), 4)}
 
     def configure_optimizers(self):

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Train every shipped checkpoint with its recipe, one after another, on this machine.
+# Each run exports its release folder to checkpoints/<name>.<tag>/ with a model card.
+#   ZOO_DATA=../shared/data bash checkpoints/train_all.sh [RECIPE ...]
+set -u
+data=${ZOO_DATA:-../shared/data}
+recipes=("$@")
+if [ ${#recipes[@]} -eq 0 ]; then
+  recipes=(micro-vit-tiny.mnist fused-1d-tiny.mnist1d fused-3d-tiny.adrenal
+           gpt-tiny.shakespeare quiet-gpt-tiny.shakespeare micro-gpt-tiny.shakespeare elita-gpt-tiny.shakespeare
+           fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
+           micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion)
+fi
+for recipe in "${recipes[@]}"; do
+  if [[ $recipe == *shakespeare ]]; then
+    source_arg=(--data.init_args.path "$data/tinyshakespeare/input.txt")
+  else
+    source_arg=(--data.init_args.root "$data")
+  fi
+  echo "== $recipe"
+  zoo fit --config "recipes/$recipe.yaml" "${source_arg[@]}" --trainer.enable_progress_bar false \
+    || echo "!! $recipe failed"
+done

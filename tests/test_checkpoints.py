@@ -1,0 +1,110 @@
+"""The shipped checkpoints: complete, small, honest cards, loadable offline, also from a wheel."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from .conftest import data_root
+from zoo.training.check import check, shipped_folders
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = shipped_folders()
+PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "micro-vit-tiny.fashion",
+           "vit-tiny.fashion", "quiet-vit-tiny.fashion", "fused-1d-tiny.mnist1d", "fused-2d-tiny.mnist",
+           "fused-3d-tiny.adrenal", "gpt-tiny.shakespeare", "quiet-gpt-tiny.shakespeare",
+           "micro-gpt-tiny.shakespeare", "elita-gpt-tiny.shakespeare"]
+
+
+def test_every_planned_checkpoint_is_shipped():
+    assert sorted(p.name for p in SHIPPED) == sorted(PLANNED)
+    assert sorted(zoo.list_models(pretrained=True)) == sorted({n.split(".")[0] for n in PLANNED})
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)
+def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sum(p.stat().st_size for p in folder.iterdir()) < 10e6
+    config = json.loads((folder / "config.json").read_text())
+    card = (folder / "README.md").read_text()
+    training = config["training"]
+    assert config["metrics"] and training["command"].startswith("zoo fit --config recipes/")
+    recipe = training["command"].split()[3]
+    assert (REPO / recipe).is_file() and folder.name in (REPO / recipe).read_text()
+    assert card.startswith("---\nlibrary_name: zoo\nlicense: mit\n")
+    for section in ("## Data", "## Results", "## Training", "## Use", "## Limitations"):
+        assert section in card, section
+    assert f"zoo check {folder.name}" in card and training["command"] in card
+    for metric, value in config["metrics"].items():  # the card's table is the measured metrics, nothing else
+        assert f"| {metric} | {value} |" in card
+    if training["data"].get("hub_id"):
+        assert f"datasets:\n- {training['data']['hub_id']}" in card
+    model = zoo.load(folder.name)
+    assert not model.training
+    params = sum(p.numel() for p in model.parameters())
+    assert f"{params:,} parameters" in card
+
+
+def test_three_lines_classify_a_real_digit():
+    root = data_root()
+    if root is None or "micro-vit-tiny.mnist" not in {p.name for p in SHIPPED}:
+        pytest.skip("needs the shared data folder (ZOO_DATA) and the shipped micro-vit-tiny.mnist")
+    import torchvision
+
+    test = torchvision.datasets.MNIST(str(root), train=False, download=False)
+    model = zoo.load("micro-vit-tiny.mnist")
+    hits = sum(model.classify(test[i][0])[0][0] == str(test[i][1]) for i in range(50))  # PIL images, as they come
+    assert hits >= 48
+
+
+def test_three_lines_generate_text():
+    if "gpt-tiny.shakespeare" not in {p.name for p in SHIPPED}:
+        pytest.skip("gpt-tiny.shakespeare is not shipped")
+    model = zoo.load("gpt-tiny.shakespeare")
+    a = model.generate("ROMEO:", max_new_tokens=100, seed=0)
+    assert a == model.generate("ROMEO:", max_new_tokens=100, seed=0) and a.startswith("ROMEO:") and len(a) == 106
+    words = a.split()
+    assert sum(w.strip(",.;:!?'").lower() in {"the", "and", "to", "i", "of", "a", "my", "you", "that", "in", "is",
+                                              "not", "me", "it", "with", "be", "your", "he", "his", "for", "thou"}
+               for w in words) >= 2
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no checkpoints in this checkout")
+def test_wheel_install_loads_shipped_checkpoints_offline(tmp_path):
+    """A regular (non-editable) wheel carries the checkpoints: zoo.load works from site-packages."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for item in ("pyproject.toml", "README.md", "zoo", "checkpoints"):
+        copy = shutil.copytree if (REPO / item).is_dir() else shutil.copy
+        copy(REPO / item, src / item)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("zoo-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
+                    str(wheel)], check=True, capture_output=True)
+    name = SHIPPED[0].name
+    code = ("import zoo, sys; m = zoo.load(sys.argv[1]); "
+            "print(zoo.__file__); print(sorted(zoo.list_models(pretrained=True))); print(m.training)")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code, name], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    file, listed, training = out.stdout.strip().splitlines()
+    assert file.startswith(str(tmp_path / "site"))  # the wheel's copy, not this checkout
+    assert name.split(".")[0] in listed and training == "False"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)
+def test_shipped_metrics_measure_again_within_tolerance(folder):
+    root = data_root()
+    if root is None:
+        pytest.skip("needs the shared data folder (ZOO_DATA)")
+    torch.set_num_threads(2)
+    rows = check(folder, root)
+    assert rows and all(r["ok"] for r in rows), rows

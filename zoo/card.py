@@ -1,0 +1,94 @@
+"""Model cards: the README.md of a release folder, written from what its config.json records.
+
+Everything a card states comes from config.json (the constructor arguments, and for a
+trained model the measured metrics and how it was trained), so a card can always be
+written again from its folder and never says more than the folder holds.
+"""
+
+from __future__ import annotations
+
+import json
+
+from torch import nn
+
+HUB_METRICS = {"acc": "accuracy", "acc_top5": "top-5 accuracy", "auroc": "roc_auc", "loss": "loss",
+               "bpc": "bits per character", "perplexity": "perplexity"}
+CHECK_COMMAND = "zoo check {name} --data-root ../shared/data"
+
+
+def _family(config: dict) -> str:
+    return "text" if "vocab_size" in config["args"] else "classifier"
+
+
+def _header(config: dict, metrics: dict, data: dict) -> list[str]:
+    attention = config["args"].get("attention", "softmax")
+    tags = ["zoo", "pytorch", config["class"], f"{attention}-attention"]
+    if config.get("pretrained_cfg"):
+        tags += ["timm", "image-classification"]
+    lines = ["---", "library_name: zoo", "license: mit",
+             f"pipeline_tag: {'text-generation' if _family(config) == 'text' else 'image-classification'}",
+             "tags:", *[f"- {t}" for t in tags]]
+    if data.get("hub_id"):
+        lines += ["datasets:", f"- {data['hub_id']}"]
+    names = sorted({HUB_METRICS.get(k.split("/")[-1], k.split("/")[-1]) for k in metrics})
+    if names:
+        lines += ["metrics:", *[f"- {n}" for n in names]]
+    return [*lines, "---", ""]
+
+
+def _usage(name: str, config: dict) -> str:
+    if _family(config) == "text":
+        return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("ROMEO:", max_new_tokens=200, seed=0))'
+    return (f'import zoo\nmodel = zoo.load("{name}")\n'
+            'print(model.classify(image))  # a PIL image, array or tensor; returns [(label, probability)]')
+
+
+def _limitations(config: dict, data: dict) -> list[str]:
+    name = data.get("name") or "its training data"
+    if _family(config) == "text":
+        return [f"- A character-level model trained for minutes on {name}: its text imitates the style and "
+                "misspells freely; it knows nothing beyond that text and is meant for research on attention, "
+                "not for use.",
+                "- Its vocabulary is the characters of the training text; a prompt with any other character "
+                "raises an error."]
+    shape = [config["args"].get("in_chans", 1), *config["args"].get("input_size", [config["args"].get("img_size")] * 2)]
+    return [f"- Trained and evaluated only on {name}: it expects inputs shaped like that data "
+            f"({' x '.join(map(str, shape))}); `model.preprocess` resizes and normalizes, but inputs from "
+            "another distribution are out of scope.",
+            "- One training run with one seed: differences of a few tenths of a point between models are "
+            "within run-to-run noise."]
+
+
+def model_card(model: nn.Module, name: str, config: dict) -> str:
+    """The card of a release folder named `name` whose config.json is `config`."""
+    args = config["args"]
+    metrics, training = config.get("metrics") or {}, config.get("training") or {}
+    data = training.get("data") or {}
+    params = sum(p.numel() for p in model.parameters())
+    attention = args.get("attention", "softmax")
+    shape = f"{args.get('depth')} blocks of width {args.get('embed_dim')}, {args.get('num_heads')} heads"
+    lines = _header(config, metrics, data)
+    lines += [f"# {name}", "",
+              f"`{config.get('model_name') or config['class']}`: a {config['class']} with {params:,} parameters "
+              f"({attention} attention; {shape})" + (f", trained with zoo on {data['name']}." if data else "."), ""]
+    if data:
+        lines += ["## Data", "", f"{data['name']}: {data['splits']}.", ""]
+    lines += ["## Results", ""]
+    if metrics:
+        lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
+                  "Measured at export on the run's best checkpoint (lowest validation loss), in float32. "
+                  "To measure them again and compare with this card:", "",
+                  f"```\n{CHECK_COMMAND.format(name=name)}\n```", ""]
+    else:
+        lines += ["No metrics were recorded with these weights: `zoo export CKPT DIR --config RECIPE` measures "
+                  "them at export.", ""]
+    if training.get("command"):
+        lines += ["## Training", "", f"```\n{training['command']}\n```", ""]
+        done = [f"{k.replace('_', ' ')} {training[k]}" for k in ("epochs", "steps", "precision") if training.get(k)]
+        if training.get("seconds") is not None:
+            lines += [f"Took {training['seconds'] / 60:.1f} minutes on a {training.get('machine', '')} CPU with "
+                      f"{training.get('threads')} threads" + (f" ({', '.join(done)})." if done else "."), ""]
+    lines += ["## Use", "", f"```python\n{_usage(name, config)}\n```", "",
+              "## Limitations", "", *_limitations(config, data), "",
+              "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]
+    return "\n".join(lines)

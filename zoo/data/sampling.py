@@ -1,0 +1,37 @@
+"""Data order and augmentation as functions of (seed, epoch): a resumed run replays its epochs exactly.
+
+A Lightning checkpoint restores the weights, the optimizer and the loop, but not the
+random number generators. Drawing the shuffle (and, through `set_epoch` on the dataset,
+any augmentation) from a generator seeded by (seed, epoch) makes epoch e the same
+whether the run got there in one go or was killed and resumed. Lightning calls
+`set_epoch` at the start of every epoch, also through its DDP sampler wrapper.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Sampler
+
+
+def epoch_generator(seed: int, epoch: int, index: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch * 100_003 + index)
+
+
+class EpochSampler(Sampler[int]):
+    """Every index once per epoch, in an order drawn from (seed, epoch); in order when shuffle is off."""
+
+    def __init__(self, dataset, seed: int = 0, shuffle: bool = True):
+        self.dataset, self.seed, self.shuffle, self.epoch = dataset, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(len(self.dataset)))
+        return iter(torch.randperm(len(self.dataset), generator=epoch_generator(self.seed, self.epoch)).tolist())
