@@ -254,6 +254,29 @@ def test_padded_tokens_never_enter(name, causal):
         torch.testing.assert_close(a[0, :8].double(), want[0], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["micro", "elita"])
+def test_scans_in_blocks_equal_the_formula_across_block_edges(name, monkeypatch):
+    """Long sequences run in blocks that carry the state; shrink the block to see many edges."""
+    from zoo.attention import blocks
+
+    monkeypatch.setattr(blocks, "BLOCK", 7)
+    layer = make(name)
+    x = torch.randn(2, 40, 16)
+    torch.testing.assert_close(layer(x).double(), reference(name, layer, x), atol=2e-5, rtol=1e-4)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[0, 5:19] = False  # a gap across two block edges, and a whole padded block
+    noisy = x.clone()
+    noisy[~mask] = torch.randn(int((~mask).sum()), 16) * 100
+    a, b = layer(x, key_padding_mask=mask), layer(noisy, key_padding_mask=mask)
+    torch.testing.assert_close(a[mask], b[mask], atol=1e-5, rtol=1e-4)
+    if name == "micro":  # the padded tokens are simply absent from the mean
+        kept = torch.cat([x[:1, :5], x[:1, 19:]], 1)
+        torch.testing.assert_close(a[0, 19:].double(), reference(name, layer, kept)[0, 5:], atol=2e-5, rtol=1e-4)
+    x.requires_grad_(True)
+    layer(x).sum().backward()
+    assert torch.isfinite(x.grad).all() and (x.grad[:, 0] != 0).all()  # gradients flow back through the state
+
+
 def test_masked_reference_agreement_for_attention():
     layer = make("softmax", causal=False)
     x = torch.randn(2, 9, 16)

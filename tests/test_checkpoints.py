@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import zoo
-from .conftest import data_root
 from zoo.training.check import check, shipped_folders
+
+from .conftest import data_root
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_folders()

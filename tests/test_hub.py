@@ -130,11 +130,11 @@ def test_revisions_and_offline_warm_cache(hub, tmp_path):
     # the warm cache alone: in-process, and in a fresh process with the network cut off
     assert same_weights(zoo.load("hf-hub:zoo-test/revs", cache_dir=cache, local_files_only=True), m2)
     torch.save(m2.state_dict(), tmp_path / "expected.pt")
-    code = ("import torch, zoo; m = zoo.load('hf-hub:zoo-test/revs', cache_dir=r'%s'); "
-            "e = torch.load(r'%s'); print(all(torch.equal(v, e[k]) for k, v in m.state_dict().items()))"
-            % (cache, tmp_path / "expected.pt"))
+    code = ("import sys, torch, zoo; m = zoo.load('hf-hub:zoo-test/revs', cache_dir=sys.argv[1]); "
+            "e = torch.load(sys.argv[2]); print(all(torch.equal(v, e[k]) for k, v in m.state_dict().items()))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": f"http://127.0.0.1:{_free_port()}"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(cache), str(tmp_path / "expected.pt")], env=env,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
 
 

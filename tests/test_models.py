@@ -257,6 +257,19 @@ def test_bpe_tokenizer_round_trips_and_travels_with_the_model(tmp_path):
     assert loaded.generate("to be", 10, seed=1) == model.generate("to be", 10, seed=1)
 
 
+@pytest.mark.parametrize("name", ["gpt-tiny", "quiet-gpt-tiny"])
+def test_generation_slides_past_learned_positions(name):
+    """Past context_length, a learned-position model sees the last context_length tokens, like nanoGPT."""
+    model = zoo.create(name, context_length=16, depth=2).eval()
+    prompt = torch.randint(0, 65, (1, 20))  # longer than the window already
+    got = model.generate(prompt, 30, temperature=0)
+    want = prompt
+    with torch.no_grad():
+        for _ in range(30):
+            want = torch.cat([want, model(want[:, -16:])[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(got, want)
+
+
 def test_top_k_and_top_p_restrict_the_support():
     from zoo.models.text_transformer import sample
 

@@ -36,6 +36,11 @@ def _header(config: dict, metrics: dict, data: dict) -> list[str]:
     return [*lines, "---", ""]
 
 
+def _selection(training: dict) -> str:
+    monitor, _, mode = training.get("selected_by", "val/loss (min)").partition(" ")
+    return f"{'lowest' if mode == '(min)' else 'highest'} {monitor} on the validation split"
+
+
 def _usage(name: str, config: dict) -> str:
     if _family(config) == "text":
         return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("ROMEO:", max_new_tokens=200, seed=0))'
@@ -76,7 +81,7 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
     lines += ["## Results", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
-                  "Measured at export on the run's best checkpoint (lowest validation loss), in float32. "
+                  f"Measured at export in float32, on the run's best checkpoint by {_selection(training)}. "
                   "To measure them again and compare with this card:", "",
                   f"```\n{CHECK_COMMAND.format(name=name)}\n```", ""]
     else:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.attention import blocks
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
 
 # Padded tokens get this logit: exp of it vanishes against any real logit, yet unlike
@@ -144,7 +145,12 @@ class ElitaAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        return self._mix(x, 0, None, None, key_padding_mask)[0]
+        outs, log_norm, mean, start = [], None, None, 0
+        for block, mask in blocks.split(x, key_padding_mask):  # cache-sized pieces of the scan
+            out, log_norms, means = self._mix(block, start, log_norm, mean, mask)
+            log_norm, mean, start = log_norms[:, -1], means[:, -1], start + block.shape[1]
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
 
     def step(self, x: torch.Tensor, state: ElitaState | None = None) -> tuple[torch.Tensor, ElitaState]:
         """Continue over new tokens x (batch, new, dim) from an O(1) state."""

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.attention import blocks
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
 
 
@@ -48,10 +49,13 @@ class MicroAttention(nn.Module):
         nn.init.xavier_uniform_(self.queries)
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def _scores_and_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scores_and_tokens(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
+        """Scores (batch, length, heads), zero at padding, and tokens (batch, length, heads, head_dim)."""
         b, n, _ = x.shape
         wide = torch.promote_types(x.dtype, torch.float32)  # sums accumulate in at least float32
         scores = F.relu(F.linear(x, self.queries)).to(wide).view(b, n, self.heads, self.num_queries).sum(-1)
+        if key_padding_mask is not None:
+            scores = scores * key_padding_mask[..., None]
         return scores, x.to(wide).view(b, n, self.heads, self.head_dim)
 
     def _output(self, x: torch.Tensor, tokens: torch.Tensor, weighted_sum: torch.Tensor, score_sum: torch.Tensor):
@@ -59,23 +63,7 @@ class MicroAttention(nn.Module):
         mean = weighted_sum / torch.where(score_sum > 0, score_sum, 1.0)[..., None]
         return self.proj((tokens - mean).flatten(-2).to(x.dtype))
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_tokens(x, self.dim, type(self).__name__)
-        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        scores, tokens = self._scores_and_tokens(x)
-        if key_padding_mask is not None:
-            scores = scores * key_padding_mask[..., None]
-        weighted = tokens * scores[..., None]
-        if self.causal:
-            return self._output(x, tokens, weighted.cumsum(1), scores.cumsum(1))
-        return self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
-
-    def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
-        """Continue the running mean over new tokens x (batch, new, dim)."""
-        if not self.causal:
-            raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
-        check_tokens(x, self.dim, type(self).__name__)
-        scores, tokens = self._scores_and_tokens(x)
+    def _causal(self, x, scores, tokens, state: MicroState | None) -> tuple[torch.Tensor, MicroState]:
         weighted_sum = (tokens * scores[..., None]).cumsum(1)
         score_sum = scores.cumsum(1)
         if state is not None:
@@ -83,3 +71,23 @@ class MicroAttention(nn.Module):
             score_sum = score_sum + state.score_sum[:, None]
         out = self._output(x, tokens, weighted_sum, score_sum)
         return out, MicroState(weighted_sum[:, -1].clone(), score_sum[:, -1].clone())
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_tokens(x, self.dim, type(self).__name__)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        if not self.causal:
+            scores, tokens = self._scores_and_tokens(x, key_padding_mask)
+            weighted = tokens * scores[..., None]
+            return self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
+        outs, state = [], None
+        for block, mask in blocks.split(x, key_padding_mask):  # cache-sized pieces of the scan
+            out, state = self._causal(block, *self._scores_and_tokens(block, mask), state)
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+
+    def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
+        """Continue the running mean over new tokens x (batch, new, dim)."""
+        if not self.causal:
+            raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
+        check_tokens(x, self.dim, type(self).__name__)
+        return self._causal(x, *self._scores_and_tokens(x), state)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
 
-from zoo.data.sampling import EpochSampler
+from zoo.data.sampling import EpochSampler, RandomShift
 
 
 class ArrayClassificationData(L.LightningDataModule):
@@ -44,8 +44,9 @@ class ArrayClassificationData(L.LightningDataModule):
         val = ("the official validation split" if self.has_official_val
                else f"held out from the training split with seed {self.seed}")
         args = {"batch_size": self.batch_size, "val_fraction": self.val_fraction, "seed": self.seed}
-        if hasattr(self, "size"):
-            args["size"] = self.size
+        for extra in ("size", "shift", "flip"):
+            if hasattr(self, extra):
+                args[extra] = getattr(self, extra)
         return {"name": self.dataset, "hub_id": self.hub_dataset,
                 "class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": args,
                 "splits": f"{len(self.train_set):,} training, {len(self.val_set):,} validation ({val}), "
@@ -134,6 +135,14 @@ class MNIST1D(ArrayClassificationData):
     info = {"num_classes": 10, "in_chans": 1, "input_size": [40], "mean": [0.0], "std": [1.0],
             "label_names": [str(i) for i in range(10)]}
 
+    def __init__(self, root: str = "data", batch_size: int = 64, shift: int = 0, **kwargs):
+        """shift: augment training signals with random translations of up to this many samples."""
+        super().__init__(root, batch_size, **kwargs)
+        self.shift = shift
+
+    def train_transform(self, dataset):
+        return RandomShift(dataset, self.shift, seed=self.seed) if self.shift else dataset
+
     def _arrays(self):
         path = self.root / "mnist1d" / "mnist1d.npz"
         if path.is_file():
@@ -162,14 +171,20 @@ class AdrenalMNIST3D(ArrayClassificationData):
     has_official_val = True
     hub_dataset = "albertvillanova/medmnist-v2"
 
-    def __init__(self, root: str = "data", batch_size: int = 32, size: int = 28, **kwargs):
+    def __init__(self, root: str = "data", batch_size: int = 32, size: int = 28, shift: int = 0, flip: bool = False,
+                 **kwargs):
+        """shift, flip: augment training volumes with random translations of up to `shift` voxels
+        and random mirror images along the last axis."""
         super().__init__(root, batch_size, **kwargs)
         if size not in (28, 64):
             raise ValueError(f"AdrenalMNIST3D comes at size 28 or 64, got {size}")
-        self.size = size
+        self.size, self.shift, self.flip = size, shift, flip
         self.dataset = f"AdrenalMNIST3D at {size}^3 (MedMNIST v2)"
         self.info = {"num_classes": 2, "in_chans": 1, "input_size": [size] * 3, "mean": [0.5], "std": [0.5],
                      "label_names": ["normal", "hyperplasia"]}
+
+    def train_transform(self, dataset):
+        return RandomShift(dataset, self.shift, self.flip, seed=self.seed) if self.shift or self.flip else dataset
 
     def load(self, split):
         name = "adrenalmnist3d.npz" if self.size == 28 else "adrenalmnist3d_64.npz"

@@ -10,7 +10,8 @@ whether the run got there in one go or was killed and resumed. Lightning calls
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Sampler
+import torch.nn.functional as F
+from torch.utils.data import Dataset, Sampler
 
 
 def epoch_generator(seed: int, epoch: int, index: int = 0) -> torch.Generator:
@@ -35,3 +36,31 @@ class EpochSampler(Sampler[int]):
         if not self.shuffle:
             return iter(range(len(self.dataset)))
         return iter(torch.randperm(len(self.dataset), generator=epoch_generator(self.seed, self.epoch)).tolist())
+
+
+class RandomShift(Dataset):
+    """Translation by up to `pad` samples along every spatial axis (zero padding); optionally a left-right flip.
+
+    Items are (channels, *spatial) tensors of any rank; the shift of item i in epoch e
+    is drawn from (seed, e, i).
+    """
+
+    def __init__(self, dataset, pad: int, flip: bool = False, seed: int = 0):
+        self.dataset, self.pad, self.flip, self.seed, self.epoch = dataset, pad, flip, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        x, y = self.dataset[i]
+        size = x.shape[1:]
+        padded = F.pad(x, (self.pad,) * 2 * len(size))
+        g = epoch_generator(self.seed, self.epoch, i)
+        offsets = torch.randint(0, 2 * self.pad + 1, (len(size),), generator=g).tolist()
+        x = padded[(slice(None), *(slice(o, o + n) for o, n in zip(offsets, size)))]
+        if self.flip and torch.rand((), generator=g) < 0.5:
+            x = x.flip(-1)
+        return x, y

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import Dataset
 
 from zoo.data.arrays import ArrayClassificationData
-from zoo.data.sampling import epoch_generator
+from zoo.data.sampling import RandomShift
 
 
 class _Torchvision(ArrayClassificationData):
@@ -47,7 +46,7 @@ class MNIST(_Torchvision):
             "label_names": [str(i) for i in range(10)]}
 
     def train_transform(self, dataset):
-        return _RandomShift(dataset, 2, seed=self.seed) if self.augment else dataset
+        return RandomShift(dataset, 2, seed=self.seed) if self.augment else dataset
 
 
 class FashionMNIST(MNIST):
@@ -67,28 +66,4 @@ class CIFAR10(_Torchvision):
                             "truck"]}
 
     def train_transform(self, dataset):
-        return _RandomShift(dataset, 4, flip=True, seed=self.seed) if self.augment else dataset
-
-
-class _RandomShift(Dataset):
-    """Random translation by up to `pad` pixels (zero padding), and optionally a horizontal flip."""
-
-    def __init__(self, dataset, pad: int, flip: bool = False, seed: int = 0):
-        self.dataset, self.pad, self.flip, self.seed, self.epoch = dataset, pad, flip, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        x, y = self.dataset[i]
-        h, w = x.shape[-2:]
-        padded = torch.nn.functional.pad(x, (self.pad,) * 4)
-        g = epoch_generator(self.seed, self.epoch, i)
-        dy, dx = torch.randint(0, 2 * self.pad + 1, (2,), generator=g).tolist()
-        x = padded[..., dy : dy + h, dx : dx + w]
-        if self.flip and torch.rand((), generator=g) < 0.5:
-            x = x.flip(-1)
-        return x, y
+        return RandomShift(dataset, 4, flip=True, seed=self.seed) if self.augment else dataset

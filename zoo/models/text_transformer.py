@@ -123,14 +123,21 @@ class TextTransformer(Releasable, nn.Module):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         generator = torch.Generator(device=idx.device).manual_seed(seed) if seed is not None else None
-        logits, states = self.forward_step(idx)
+        # Learned positions end at context_length: past it, the window slides and the last
+        # context_length tokens are recomputed each step (as nanoGPT does); the others stream on.
+        window = self.context_length if self.pos_kind == "learned" else None
+        logits, states = self.forward_step(idx[:, -window:] if window else idx)
         logits, out = logits[:, -1], [idx]
-        position = idx.shape[1]
+        position = min(idx.shape[1], window or idx.shape[1])
         for _ in range(max_new_tokens):
             nxt = sample(logits, temperature, top_k, top_p, generator)
             out.append(nxt)
-            logits, states = self.forward_step(nxt, states, position)
-            logits, position = logits[:, -1], position + 1
+            if window and position >= window:
+                logits, states = self.forward_step(torch.cat(out, dim=1)[:, -window:])
+            else:
+                logits, states = self.forward_step(nxt, states, position)
+                position += 1
+            logits = logits[:, -1]
         result = torch.cat(out, dim=1)
         return self.tokenizer.decode(result[0].tolist()) if as_text else result
 

@@ -57,9 +57,11 @@ class ExportRelease(L.Callback):
         if best:
             state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
             pl_module.load_state_dict(state)
-        run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
-               "best_checkpoint_val_loss": float(trainer.checkpoint_callback.best_model_score)
-               if best and trainer.checkpoint_callback.best_model_score is not None else None}
+        callback = trainer.checkpoint_callback
+        run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision)}
+        if best:
+            run["selected_by"] = f"{callback.monitor} ({callback.mode})"
+            run["best_score"] = float(callback.best_model_score) if callback.best_model_score is not None else None
         path, metrics = export(pl_module, trainer.datamodule, self.dirpath, self.command, seconds, run)
         print(f"exported {path} with {metrics}")
         if self.push_to:
