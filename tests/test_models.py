@@ -71,6 +71,25 @@ def test_release_round_trip_is_bit_exact(name, tmp_path):
         assert loaded.head.weight.data_ptr() == loaded.tok_embed.weight.data_ptr()  # still tied
 
 
+def test_card_is_written_from_config_alone(tmp_path):
+    from zoo.card import rewrite_card
+
+    folder = zoo.create("fused-1d-tiny").save_pretrained(
+        tmp_path / "m", extra={"metrics": {"test/acc": 0.95}, "training": {
+            "command": "zoo fit --config recipes/x.yaml", "seconds": 90, "threads": 1, "machine": "x86_64",
+            "target": "test/acc >= 0.94 (a paper)", "data": {"name": "MNIST-1D", "hub_id": None, "splits": "s"}}})
+    card = (folder / "README.md").read_text()
+    assert "| test/acc | 0.95 |" in card and "**Target**: test/acc >= 0.94 (a paper): met (0.95)." in card
+    assert "Took 1.5 minutes of wall-clock time on a x86_64 CPU with 1 thread." in card
+    (folder / "README.md").write_text("stale")
+    rewrite_card(folder)
+    assert (folder / "README.md").read_text() == card
+    from zoo.card import _target
+
+    assert _target("test/auroc >= 0.83", {"test/auroc": 0.824}).endswith("**missed** by 0.60 points (0.824).")
+    assert _target("val/loss <= 1.88 (x)", {"val/loss": 1.9}).endswith("**missed** by 2.00 points (1.9).")
+
+
 def test_strict_load_lists_every_problem(tmp_path):
     from safetensors.torch import load_file, save_file
 

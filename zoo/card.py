@@ -8,6 +8,7 @@ written again from its folder and never says more than the folder holds.
 from __future__ import annotations
 
 import json
+import re
 
 from torch import nn
 
@@ -34,6 +35,30 @@ def _header(config: dict, metrics: dict, data: dict) -> list[str]:
     if names:
         lines += ["metrics:", *[f"- {n}" for n in names]]
     return [*lines, "---", ""]
+
+
+TARGET = re.compile(r"^\s*(\S+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*(?:\((.*)\))?\s*$")
+
+
+def parse_target(target: str) -> tuple[str, str, float, str]:
+    """ "test/acc >= 0.99 (issue 5)" -> ("test/acc", ">=", 0.99, "issue 5")."""
+    match = TARGET.match(target)
+    if not match:
+        raise ValueError(f"export.target must read 'METRIC >= VALUE (source)' or 'METRIC <= VALUE', got {target!r}")
+    metric, op, value, source = match.groups()
+    return metric, op, float(value), source or ""
+
+
+def _target(target: str, metrics: dict) -> str:
+    metric, op, value, source = parse_target(target)
+    got = metrics.get(metric)
+    wanted = f"**Target**: {metric} {op} {value}" + (f" ({source})" if source else "")
+    if got is None:
+        return f"{wanted}: not measured."
+    met = got >= value if op == ">=" else got <= value
+    if met:
+        return f"{wanted}: met ({got})."
+    return f"{wanted}: **missed** by {abs(got - value) * 100:.2f} points ({got})."
 
 
 def _selection(training: dict) -> str:
@@ -84,6 +109,8 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
                   f"Measured at export in float32, on the run's best checkpoint by {_selection(training)}. "
                   "To measure them again and compare with this card:", "",
                   f"```\n{CHECK_COMMAND.format(name=name)}\n```", ""]
+        if training.get("target"):
+            lines += [_target(training["target"], metrics), ""]
     else:
         lines += ["No metrics were recorded with these weights: `zoo export CKPT DIR --config RECIPE` measures "
                   "them at export.", ""]
@@ -91,9 +118,28 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
         lines += ["## Training", "", f"```\n{training['command']}\n```", ""]
         done = [f"{k.replace('_', ' ')} {training[k]}" for k in ("epochs", "steps", "precision") if training.get(k)]
         if training.get("seconds") is not None:
-            lines += [f"Took {training['seconds'] / 60:.1f} minutes on a {training.get('machine', '')} CPU with "
-                      f"{training.get('threads')} threads" + (f" ({', '.join(done)})." if done else "."), ""]
+            threads = training.get("threads")
+            lines += [f"Took {training['seconds'] / 60:.1f} minutes of wall-clock time on a "
+                      f"{training.get('machine', '')} CPU with {threads} thread{'s' if threads != 1 else ''}"
+                      + (f" ({', '.join(done)})." if done else "."), ""]
     lines += ["## Use", "", f"```python\n{_usage(name, config)}\n```", "",
               "## Limitations", "", *_limitations(config, data), "",
               "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]
     return "\n".join(lines)
+
+
+def rewrite_card(folder) -> None:
+    """Write a release folder's README.md again from its config.json (atomically)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from zoo.release import CARD, CONFIG, load_release
+
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG).read_text())
+    text = model_card(load_release(folder), folder.name, config)
+    fd, tmp = tempfile.mkstemp(prefix=f".{CARD}.", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, folder / CARD)

@@ -146,7 +146,7 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
 TINY = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0)
 register("fused-1d-tiny", "fused", FusedAttentionNetwork, input_size=(40,), patch_size=(4,), **TINY)
 register("fused-2d-tiny", "fused", FusedAttentionNetwork, input_size=(28, 28), patch_size=(4, 4), **TINY)
-register("fused-3d-tiny", "fused", FusedAttentionNetwork, input_size=(28, 28, 28), patch_size=(7, 7, 7),
+register("fused-3d-tiny", "fused", FusedAttentionNetwork, input_size=(28, 28, 28), patch_size=(4, 4, 4),
          num_classes=2, **TINY)
 register("fused-2d-small", "fused", FusedAttentionNetwork, input_size=(28, 28), patch_size=(4, 4),
          embed_dim=192, depth=6, num_heads=6, mlp_ratio=4.0)

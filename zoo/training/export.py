@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from zoo.card import parse_target
 from zoo.release import save_pretrained
 
 
@@ -33,9 +34,14 @@ class ExportRelease(L.Callback):
     """At the end of fit, load the best checkpoint and export it (with test metrics) to `dirpath`."""
 
     def __init__(self, dirpath: str | None = None, command: str | None = None, push_to: str | None = None,
-                 private: bool = False):
-        """push_to: a Hub repository (org/name) to upload the exported folder to with `zoo.hub.push`."""
-        self.dirpath, self.command, self.push_to, self.private = dirpath, command, push_to, private
+                 private: bool = False, target: str | None = None):
+        """push_to: a Hub repository (org/name) to upload the exported folder to with `zoo.hub.push`.
+        target: what the run set out to reach, "METRIC >= VALUE (where it comes from)"; the card says
+        whether the measured metric met it.
+        """
+        if target is not None:
+            parse_target(target)  # fail before training, not after
+        self.dirpath, self.command, self.push_to, self.private, self.target = dirpath, command, push_to, private, target
         self.started = None
 
     def setup(self, trainer, pl_module, stage):
@@ -58,7 +64,8 @@ class ExportRelease(L.Callback):
             state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
             pl_module.load_state_dict(state)
         callback = trainer.checkpoint_callback
-        run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision)}
+        run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
+               "target": self.target}
         if best:
             run["selected_by"] = f"{callback.monitor} ({callback.mode})"
             run["best_score"] = float(callback.best_model_score) if callback.best_model_score is not None else None
