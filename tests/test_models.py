@@ -87,7 +87,7 @@ def test_card_is_written_from_config_alone(tmp_path):
     from zoo.card import _target
 
     assert _target("test/auroc >= 0.83", {"test/auroc": 0.824}).endswith("**missed** by 0.60 points (0.824).")
-    assert _target("val/loss <= 1.88 (x)", {"val/loss": 1.9}).endswith("**missed** by 2.00 points (1.9).")
+    assert _target("val/loss <= 1.88 (x)", {"val/loss": 1.9}).endswith("**missed** by 0.02 (1.9).")
 
 
 def test_strict_load_lists_every_problem(tmp_path):

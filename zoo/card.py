@@ -58,7 +58,9 @@ def _target(target: str, metrics: dict) -> str:
     met = got >= value if op == ">=" else got <= value
     if met:
         return f"{wanted}: met ({got})."
-    return f"{wanted}: **missed** by {abs(got - value) * 100:.2f} points ({got})."
+    gap = abs(got - value)
+    short = f"{gap * 100:.2f} points" if metric.endswith(("acc", "acc_top5", "auroc")) else f"{gap:.4g}"
+    return f"{wanted}: **missed** by {short} ({got})."
 
 
 def _selection(training: dict) -> str:
