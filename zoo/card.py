@@ -12,8 +12,8 @@ import re
 
 from torch import nn
 
-HUB_METRICS = {"acc": "accuracy", "acc_top5": "top-5 accuracy", "auroc": "roc_auc", "loss": "loss",
-               "bpc": "bits per character", "perplexity": "perplexity"}
+HUB_METRICS = {"acc": "accuracy", "acc_top5": "top_k_accuracy", "auroc": "roc_auc", "loss": "loss",
+               "bpc": "bits_per_character", "bits_per_token": "bits_per_token", "perplexity": "perplexity"}
 CHECK_COMMAND = "zoo check {name} --data-root ../shared/data"
 
 

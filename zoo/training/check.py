@@ -26,6 +26,8 @@ def datamodule_for(config: dict, data_root: str | os.PathLike):
     module, _, cls = data["class_path"].rpartition(".")
     if not module.startswith("zoo.data"):
         raise ValueError(f"refusing to import {data['class_path']!r}: only zoo.data modules are rebuilt")
+    if "file" in data and (Path(data["file"]).is_absolute() or ".." in Path(data["file"]).parts):
+        raise ValueError(f"the data file must lie under the data root, got {data['file']!r}")
     location = {"path": str(Path(data_root) / data["file"])} if "file" in data else {"root": str(data_root)}
     return getattr(importlib.import_module(module), cls)(**data["init_args"], **location)
 
