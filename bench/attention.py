@@ -56,9 +56,16 @@ def worker(job: dict) -> dict:
     if kind == "decode":
         context = torch.randn(1, n, DIM)
         token = torch.randn(1, 1, DIM)
+        steps = 32  # per timing: one step is ~0.1 ms, where a single call's timing is mostly noise
+
+        def run():
+            s = state
+            for _ in range(steps):
+                _, s = layer.step(token, s)
+
         with torch.no_grad(), autocast:
             _, state = layer.step(context)
-            seconds = timeit(lambda: layer.step(token, state), min_time=0.5, max_reps=200)
+            seconds = timeit(run, min_time=1.0, max_reps=50) / steps
         return {**job, "ms_per_token": seconds * 1e3}
 
     x = torch.randn(1, n, DIM, requires_grad=kind == "train")
@@ -80,14 +87,11 @@ def softmax_one_rows(sizes) -> list[dict]:
     from zoo.attention import softmax_one
 
     rows = []
-    softmax_one(torch.randn(8, 8), -1, compiled=True)  # compile once, outside the timings
     for n in sizes:
         x = torch.randn(n, n)
         base, ours = timeit_pair(lambda x=x: torch.softmax(x, -1), lambda x=x: softmax_one(x, -1), min_time=2.0)
-        base2, fused = timeit_pair(lambda x=x: torch.softmax(x, -1), lambda x=x: softmax_one(x, -1, compiled=True),
-                                   min_time=2.0)
         rows.append({"size": f"{n}x{n}", "softmax_ms": base * 1e3, "softmax_one_ms": ours * 1e3,
-                     "ratio": ours / base, "compiled_ms": fused * 1e3, "compiled_ratio": fused / base2})
+                     "ratio": ours / base})
     return rows
 
 
@@ -144,7 +148,7 @@ def main() -> None:
                 ["length", "alpha", "ms", "peak_mb", "error"])
     print_table("recurrent decode, one token after a context", decode, ["mechanism", "length", "ms_per_token", "error"])
     print_table("softmax_one vs torch.softmax (forward)", softmax_one,
-                ["size", "softmax_ms", "softmax_one_ms", "ratio", "compiled_ms", "compiled_ratio"])
+                ["size", "softmax_ms", "softmax_one_ms", "ratio"])
 
     targets = evaluate_targets(by_key, fused_memory, decode, softmax_one, lengths)
     print_table("targets", targets, ["target", "measured", "pass"])
@@ -161,9 +165,8 @@ def evaluate_targets(by_key, fused_memory, decode, softmax_one, lengths) -> list
         targets.append({"target": name, "measured": value, "pass": ok})
 
     big = [r for r in softmax_one if int(r["size"].split("x")[0]) >= 1000]
-    for key, how in (("ratio", "eager"), ("compiled_ratio", "compiled=True")):
-        worst = max(r[key] for r in big)
-        add(f"softmax_one ({how}) <= 1.2x torch.softmax from 1000x1000", f"worst {worst:.2f}x", worst <= 1.2)
+    worst = max(r["ratio"] for r in big)
+    add("softmax_one <= 1.2x torch.softmax from 1000x1000", f"worst {worst:.2f}x", worst <= 1.2)
     for dtype in ("fp32", "bf16"):
         ratios = [by_key[("quiet", n, dtype)].get("vs_causal_sdpa") for n in lengths if 1024 <= n <= 8192]
         ratios = [r for r in ratios if r is not None]

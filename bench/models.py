@@ -105,7 +105,7 @@ def decode_seconds_per_token(model, context: int, new_tokens: int) -> float:
             position += 1
         return logits
 
-    return timeit(run, min_time=1.0, max_reps=5) / new_tokens
+    return timeit(run, min_time=2.0, max_reps=9) / new_tokens
 
 
 def decode_rows(contexts: list[int], new_tokens: int) -> list[dict]:
@@ -144,7 +144,7 @@ def summary(image: list[dict], decode: list[dict]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, contexts up to 4k")
-    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per timing")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per timing")
     args = parser.parse_args()
     torch.manual_seed(0)
     contexts = [256, 1024, 4096] if args.quick else [256, 1024, 4096, 16384]

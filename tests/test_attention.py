@@ -142,19 +142,6 @@ def test_softmax_one_gradcheck_and_bf16():
     torch.testing.assert_close(got.double(), ref.softmax_one(y), atol=1e-2, rtol=2e-2)
 
 
-def test_softmax_one_compiled_equals_the_formula():
-    """The torch.compile kernel against the float64 formula: values, extremes, masks, gradients."""
-    x = torch.randn(37, 53) * 20
-    for dim in (0, -1):
-        torch.testing.assert_close(A.softmax_one(x, dim, compiled=True).double(), ref.softmax_one(x, dim),
-                                   atol=1e-6, rtol=1e-5)
-    extremes = torch.tensor([[1e4, 1e4, -1e4], [-1e4, -1e4, -1e4], [float("-inf"), 0.0, 0.0]])
-    torch.testing.assert_close(A.softmax_one(extremes, compiled=True),
-                               torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 1 / 3, 1 / 3]]))
-    g = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: A.softmax_one(t, -1, compiled=True), (g,))
-
-
 def test_softmax_one_bad_input():
     with pytest.raises(ValueError, match="floating-point.*int64"):
         A.softmax_one(torch.arange(3))

@@ -17,6 +17,10 @@ HUB_METRICS = {"acc": "accuracy", "acc_top5": "top_k_accuracy", "auroc": "roc_au
 CHECK_COMMAND = "zoo check {name} --data-root ../shared/data"
 
 
+def _article(word: str) -> str:
+    return "an" if word[:1].upper() in "AEIOU" else "a"
+
+
 def _family(config: dict) -> str:
     return "text" if "vocab_size" in config["args"] else "classifier"
 
@@ -101,7 +105,8 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
     shape = f"{args.get('depth')} blocks of width {args.get('embed_dim')}, {args.get('num_heads')} heads"
     lines = _header(config, metrics, data)
     lines += [f"# {name}", "",
-              f"`{config.get('model_name') or config['class']}`: a {config['class']} with {params:,} parameters "
+              f"`{config.get('model_name') or config['class']}`: {_article(config['class'])} {config['class']} with "
+              f"{params:,} parameters "
               f"({attention} attention; {shape})" + (f", trained with zoo on {data['name']}." if data else "."), ""]
     if data:
         lines += ["## Data", "", f"{data['name']}: {data['splits']}.", ""]

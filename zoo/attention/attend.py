@@ -9,10 +9,11 @@ with a value of zeros adds exp(q . 0) = 1 to every row's denominator and nothing
 its numerator, which is exactly exp(s_j) / (1 + sum_j exp(s_j)). The fused kernels
 then do the work unchanged.
 
-On the CPU, PyTorch's flash kernel is slow in half precision on short sequences: at
-L = 49 in bf16 its backward pass takes about 3x as long as the math kernel's. Short
-half-precision problems on the CPU therefore go through the math kernel; the rest keep
-the kernel that PyTorch picks.
+On the CPU, PyTorch's flash kernel is slow in half precision on short sequences when
+training: at L = 49 in bf16 its backward pass takes about 3x as long as the math
+kernel's (its forward is faster). Short half-precision problems that need a gradient
+therefore go through the math kernel on the CPU; everything else keeps the kernel that
+PyTorch picks.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHORT_KEYS = 128  # up to this many keys the math kernel wins on the CPU in half precision
+SHORT_KEYS = 128  # up to this many keys the math kernel trains faster on the CPU in half precision
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and k.shape[-2] <= SHORT_KEYS:
+    if (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and k.shape[-2] <= SHORT_KEYS
+            and torch.is_grad_enabled() and q.requires_grad):
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
