@@ -26,6 +26,9 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "mi
 def test_every_planned_checkpoint_is_shipped():
     assert sorted(p.name for p in SHIPPED) == sorted(PLANNED)
     assert sorted(zoo.list_models(pretrained=True)) == sorted({n.split(".")[0] for n in PLANNED})
+    # without a tag, an image model loads its MNIST checkpoint, not the first tag alphabetically (fashion)
+    assert zoo.load("micro-vit-tiny").config["label_names"] == [str(i) for i in range(10)]
+    assert zoo.load("micro-vit-tiny.fashion").config["label_names"][0] == "T-shirt/top"
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)

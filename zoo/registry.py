@@ -15,6 +15,7 @@ class Entry:
     family: str
     cls: type[nn.Module]
     kwargs: dict = field(default_factory=dict)
+    default_tag: str | None = None  # the checkpoint `zoo.load(name)` takes when several are shipped
 
     @property
     def attention(self) -> str:
@@ -25,10 +26,10 @@ _ENTRIES: dict[str, Entry] = {}
 ARCHITECTURES: dict[str, type[nn.Module]] = {}
 
 
-def register(name: str, family: str, cls: type[nn.Module], **kwargs) -> None:
+def register(name: str, family: str, cls: type[nn.Module], default_tag: str | None = None, **kwargs) -> None:
     if name in _ENTRIES:
         raise ValueError(f"model {name!r} is registered twice")
-    _ENTRIES[name] = Entry(name, family, cls, kwargs)
+    _ENTRIES[name] = Entry(name, family, cls, kwargs, default_tag)
     ARCHITECTURES[cls.__name__] = cls
 
 

@@ -181,16 +181,16 @@ def load(source: str | os.PathLike, strict: bool = True, *, token: str | bool | 
 
 
 def checkpoint_folder(name_tag: str) -> Path:
-    """The shipped release folder of `name` or `name.tag` (the first tag when none is given)."""
+    """The shipped release folder of `name` or `name.tag` (without a tag: the model's default, else the first)."""
     from zoo.registry import entry
 
     name, _, tag = name_tag.partition(".")
-    entry(name)  # unknown names fail here, with the closest registered ones
+    default = entry(name).default_tag  # unknown names fail here, with the closest registered ones
     tags = pretrained_tags(name)
     if not tags:
         raise ValueError(f"no pretrained weights are shipped for {name!r}; zoo.create({name!r}) builds it with "
                          f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
-    tag = tag or tags[0]
+    tag = tag or (default if default in tags else tags[0])
     if tag not in tags:
         raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {tags}")
     return next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())

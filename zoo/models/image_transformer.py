@@ -145,5 +145,5 @@ TINY = dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=3.0)
 SMALL = dict(embed_dim=256, depth=8, num_heads=8, mlp_ratio=4.0)
 for attention, prefix in (("softmax", "vit"), ("quiet", "quiet-vit"), ("micro", "micro-vit")):
     for size, dims in (("tiny", TINY), ("small", SMALL)):
-        register(f"{prefix}-{size}", "image", ImageTransformer, attention=attention, **dims)
+        register(f"{prefix}-{size}", "image", ImageTransformer, default_tag="mnist", attention=attention, **dims)
 register("fused-pool-vit-tiny", "image", ImageTransformer, global_pool="fused", **TINY)
