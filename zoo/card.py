@@ -137,16 +137,10 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
 
 def rewrite_card(folder) -> None:
     """Write a release folder's README.md again from its config.json (atomically)."""
-    import os
-    import tempfile
     from pathlib import Path
 
-    from zoo.release import CARD, CONFIG, load_release
+    from zoo.release import CARD, CONFIG, load_release, write_text_atomic
 
     folder = Path(folder)
     config = json.loads((folder / CONFIG).read_text())
-    text = model_card(load_release(folder), folder.name, config)
-    fd, tmp = tempfile.mkstemp(prefix=f".{CARD}.", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, folder / CARD)
+    write_text_atomic(folder / CARD, model_card(load_release(folder), folder.name, config))

@@ -94,20 +94,23 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
     return path
 
 
-def write_json_atomic(path, data) -> Path:
-    """JSON written to a temporary file beside `path`, then renamed over it."""
+def write_text_atomic(path, text: str) -> Path:
+    """`text` written to a temporary file beside `path`, then renamed over it: never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path, data) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _aliases(model: nn.Module) -> dict[str, set[str]]:

@@ -34,14 +34,11 @@ def datamodule_for(config: dict, data_root: str | os.PathLike):
 
 def measure(folder: str | os.PathLike, data_root: str | os.PathLike) -> dict:
     """The metrics of the release at `folder`, measured now, in float32, the way `export` measured them."""
-    from zoo.registry import entry
-    from zoo.training import ClassificationTask, LanguageModelTask
+    from zoo.training import task_class
 
     config = json.loads((Path(folder) / CONFIG).read_text())
-    model = load(folder)
-    task_cls = LanguageModelTask if entry(config["model_name"]).family == "text" else ClassificationTask
-    task = task_cls(model_name=config["model_name"], model_overrides=config["args"])
-    task.model = model
+    task = task_class(config["model_name"])(model_name=config["model_name"], model_overrides=config["args"])
+    task.model = load(folder)
     datamodule = datamodule_for(config, data_root)
     datamodule.setup("test")
     return task.evaluate(datamodule.test_dataloader())

@@ -22,11 +22,10 @@ def export(task: L.LightningModule, datamodule, outdir, command: str | None = No
     """
     datamodule.setup("test")
     metrics = task.evaluate(datamodule.test_dataloader())
-    model = task.model
     data = datamodule.describe() if hasattr(datamodule, "describe") else {"name": type(datamodule).__name__}
     training = {"command": command, "seconds": seconds, "threads": torch.get_num_threads(),
                 "machine": platform.machine(), "data": data, **(run or {})}
-    path = save_pretrained(model, outdir, extra={"metrics": metrics, "training": training})
+    path = save_pretrained(task.model, outdir, extra={"metrics": metrics, "training": training})
     return path, metrics
 
 
@@ -59,11 +58,11 @@ class ExportRelease(L.Callback):
         if not self.dirpath or not trainer.is_global_zero:
             return
         seconds = time.time() - self.started if self.started else None
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        callback = trainer.checkpoint_callback
+        best = callback.best_model_path if callback else ""
         if best:
             state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
             pl_module.load_state_dict(state)
-        callback = trainer.checkpoint_callback
         run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
                "target": self.target}
         if best:
@@ -84,15 +83,13 @@ def export_checkpoint(checkpoint, outdir, config: str | None = None) -> tuple[Pa
     """
     from tqdm import tqdm
 
-    from zoo.registry import entry
-    from zoo.training import ClassificationTask, LanguageModelTask
+    from zoo.training import task_class
 
     steps = tqdm(total=3, desc="export", unit="step")
     hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
     if "model_name" not in hparams:
         raise ValueError(f"{checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
-    task_cls = LanguageModelTask if entry(hparams["model_name"]).family == "text" else ClassificationTask
-    task = task_cls.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    task = task_class(hparams["model_name"]).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
     steps.update()
     if config:
         import yaml
