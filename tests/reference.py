@@ -12,9 +12,10 @@ import torch
 
 
 def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """exp(x_i) / (1 + sum_j exp(x_j)), as exp(x_i - log(exp(0) + sum_j exp(x_j))) so float64 holds |x| ~ 1e4."""
     x = x.double()
-    e = torch.exp(x)
-    return e / (1 + e.sum(dim, keepdim=True))
+    zero = torch.zeros_like(x.narrow(dim, 0, 1))
+    return torch.exp(x - torch.logsumexp(torch.cat([zero, x], dim), dim, keepdim=True))
 
 
 def multi_head_attention(layer, x, key_padding_mask=None, quiet=False):

@@ -1,5 +1,9 @@
 """Every mechanism against its float64 reference, plus the properties the contract promises."""
 
+import os
+import shutil
+import warnings
+
 import pytest
 import torch
 from hypothesis import given
@@ -108,7 +112,21 @@ def test_fused_custom_norm_and_fuse():
 # ---- softmax_one ----------------------------------------------------------------------
 
 
-def test_softmax_one_known_values():
+@pytest.fixture(params=["kernel", "eager"])
+def route(request, monkeypatch):
+    """Run a test through the compiled CPU kernel, then through the eager PyTorch route."""
+    from zoo.attention import native
+
+    if request.param == "eager":
+        monkeypatch.setattr(native, "load", lambda: None)
+    elif native.load() is None:
+        # A machine with a compiler must build the kernel; only one without may skip.
+        assert shutil.which(os.environ.get("CXX", "c++")) is None, "a C++ compiler is here, yet the kernel failed"
+        pytest.skip("no C++ compiler: softmax_one has only its eager route here")
+    return request.param
+
+
+def test_softmax_one_known_values(route):
     # the seed's max-subtracted version returns 1/3 each here
     got = A.softmax_one(torch.tensor([10.0, 10.0]))
     e = torch.exp(torch.tensor(10.0, dtype=torch.float64))
@@ -119,6 +137,9 @@ def test_softmax_one_known_values():
     torch.testing.assert_close(A.softmax_one(torch.tensor([-1e4, 1e4])), torch.tensor([0.0, 1.0]))
     masked = A.softmax_one(torch.tensor([float("-inf"), 0.0, 0.0]))
     torch.testing.assert_close(masked, torch.tensor([0.0, 1 / 3, 1 / 3]))
+    # a fully masked row attends to nothing: zeros, not NaN
+    torch.testing.assert_close(A.softmax_one(torch.full((2, 20), float("-inf"))), torch.zeros(2, 20))
+    assert A.softmax_one(torch.tensor([0.0, float("nan")])).isnan().all()
 
 
 @given(
@@ -132,14 +153,51 @@ def test_softmax_one_matches_formula(rows, cols, scale, dim):
     torch.testing.assert_close(A.softmax_one(x, dim).double(), ref.softmax_one(x, dim), atol=1e-6, rtol=1e-5)
 
 
-def test_softmax_one_gradcheck_and_bf16():
-    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+@pytest.mark.parametrize("shape, dim", [((3, 1000), -1), ((2, 3, 1037), 2), ((517, 3), 0), ((4, 33, 5), 1)])
+@pytest.mark.parametrize("scale", [1.0, 30.0, 1e4])
+def test_softmax_one_routes_match_formula(route, shape, dim, scale):
+    # long rows with ragged vector tails, other dims, and logits far past exp's range
+    x = torch.randn(shape) * scale
+    torch.testing.assert_close(A.softmax_one(x, dim).double(), ref.softmax_one(x, dim), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_softmax_one_half_precision(route, dtype):
+    y = torch.randn(64, 301) * 5
+    got = A.softmax_one(y.to(dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), ref.softmax_one(y.to(dtype)), atol=1e-2, rtol=2e-2)
+
+
+def test_softmax_one_gradients(route):
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)  # float64 always takes the eager route
     assert torch.autograd.gradcheck(lambda t: A.softmax_one(t, -1), (x,))
     assert torch.autograd.gradcheck(lambda t: A.softmax_one(t, 0), (x,))
-    y = torch.randn(64, 300) * 5
-    got = A.softmax_one(y.bfloat16())
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), ref.softmax_one(y), atol=1e-2, rtol=2e-2)
+    # float32 through the route under test, against the float64 gradient of the formula
+    for dim in (-1, 0):
+        x32 = (torch.randn(40, 50) * 3).requires_grad_()
+        g = torch.randn(40, 50)
+        (A.softmax_one(x32, dim) * g).sum().backward()
+        x64 = x32.detach().double().requires_grad_()
+        (ref.softmax_one(x64, dim) * g.double()).sum().backward()
+        torch.testing.assert_close(x32.grad.double(), x64.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_kernel_build_failure_warns_and_stays_eager(monkeypatch):
+    from torch.utils import cpp_extension
+
+    from zoo.attention import native
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    with pytest.warns(RuntimeWarning, match="could not build.*Ninja is required"):
+        assert native.load.__wrapped__() is None
+    monkeypatch.setenv("ZOO_NATIVE", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked for: no warning
+        assert native.load.__wrapped__() is None
 
 
 def test_softmax_one_bad_input():

@@ -7,8 +7,11 @@ which computes exp(x_i - m) / (1 + sum_j exp(x_j - m)) = exp(x_i) / (exp(m) + su
 a different function whose weights can never all vanish (for x = [10, 10] it gives 1/3
 each instead of about 1/2). We keep the 1 exact.
 
-Fast path: softmax_one = softmax * sigmoid(logsumexp), since S / (1 + S) = sigmoid(log S).
-PyTorch's fused softmax gives y = softmax(x); log S is then x_0 - log y_0 for any
+Two routes to the same numbers. On the CPU in float32, bfloat16 and float16 a compiled
+kernel (csrc/softmax_one.cpp, see native.py) makes torch.softmax's own three passes
+with the "1" folded in. Everywhere else (float64, CUDA, no compiler) the eager route
+uses softmax_one = softmax * sigmoid(log S), since S / (1 + S) = sigmoid(log S):
+PyTorch's fused softmax gives y = softmax(x), and log S is then x_0 - log y_0 for any
 column, so one column of each suffices where the column is not vanishingly small.
 The gradient has the same form as softmax's, grad_x = y * (g - sum(g * y)).
 """
@@ -18,10 +21,20 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from zoo.attention import native
 from zoo.attention.softmax import SoftmaxAttention
 
 
 def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
+    kernels = native.load() if x.device.type == "cpu" and x.dtype in native.DTYPES else None
+    if kernels is None:
+        return _forward_eager(x, dim)
+    if dim == x.dim() - 1:
+        return kernels.softmax_one_lastdim(x)
+    return kernels.softmax_one_lastdim(x.movedim(dim, -1)).movedim(-1, dim)
+
+
+def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = torch.softmax(x, dim)
     wide = torch.promote_types(x.dtype, torch.float32)  # bf16 and fp16 work in float32
     x0 = x.narrow(dim, 0, 1).to(wide)
@@ -31,6 +44,8 @@ def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
     usable = y0 > torch.finfo(wide).tiny
     if not bool(usable.all()):
         log_sum = torch.where(usable, log_sum, torch.logsumexp(x.to(wide), dim, keepdim=True))
+        # A row of -inf is exactly zero (softmax alone made it NaN).
+        y = y.masked_fill_(torch.isneginf(log_sum), 0.0)
     return y.mul_(torch.sigmoid(log_sum).to(y.dtype))
 
 
