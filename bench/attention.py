@@ -1,6 +1,6 @@
 """Speed and memory of the attention library against PyTorch's own kernels, in one run.
 
-    python bench/attention.py            # full run (about 15-20 minutes on 2 cores)
+    python bench/attention.py            # full run (about 30 minutes on 2 cores)
     python bench/attention.py --quick    # lengths up to 4k, for a smoke test
 
 Every forward+backward measurement runs in a fresh process so that its peak resident
@@ -11,6 +11,10 @@ there timings from separate processes differ by more than the effect: growth fro
 to 64k tokens times both lengths in turn in one process (median of three processes),
 and decode time per token after each context length is timed round-robin in one
 process. Results go to bench/results/attention.json.
+
+Growth is measured twice: with glibc's allocator as it comes, which is what the target
+is judged on, and with it told to keep freed memory (KEEP_FREED_MEMORY), which shows how
+much of the growth beyond 16x is page faults on fresh long-sequence buffers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ DIM = HEADS * HEAD_DIM
 MECHANISMS = ["softmax", "quiet", "micro", "elita", "fused"]
 MEMORY_LIMIT_GB = 8
 GROWTH_PROCESSES = 3
+# glibc hands buffers over 32 MB straight back to the kernel and trims its heap, so every
+# long-sequence step faults its big buffers in afresh (4k steps reuse theirs); these keep them.
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**31), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
 
 
 def estimated_gb(job: dict) -> float:
@@ -77,13 +84,19 @@ def decode_ms_per_token(layer, contexts: list[int], autocast, steps: int = 32, r
     return {str(n): statistics.median(t) * 1e3 for n, t in times.items()}
 
 
-def train_step(layer, n: int, autocast):
-    x = torch.randn(1, n, DIM, requires_grad=True)
+def train_step(layer, x: torch.Tensor, autocast):
+    """One forward+backward from an output gradient made at the first call and reused (as
+    a loss would hand it over), with x.grad cleared as an optimizer's zero_grad does."""
+    grad = None
 
     def run():
+        nonlocal grad
+        x.grad = None
         with autocast:
             y = layer(x)
-        y.float().sum().backward()
+        if grad is None:
+            grad = torch.randn_like(y)
+        y.backward(grad)
 
     return run
 
@@ -93,14 +106,15 @@ def interleaved_ms(layer, lengths: list[int], autocast, rounds: int = 9) -> dict
 
     For the growth ratio t(64k) / t(4k): the 4k time alone varies by up to 40% from one
     process to the next here, so its ratio to a 64k time from another process is mostly
-    noise; timed in alternation, drift hits both lengths alike.
+    noise; timed in alternation, drift hits both lengths alike. Each timed call follows
+    an untimed one at the same length: straight after a 64k call the caches are cold
+    and freed memory must be faulted in again, which would flatter the ratio.
     """
-    runs = {n: train_step(layer, n, autocast) for n in lengths}
-    for run in runs.values():
-        run()  # warm-up
+    runs = {n: train_step(layer, torch.randn(1, n, DIM, requires_grad=True), autocast) for n in lengths}
     times = {n: [] for n in lengths}
     for _ in range(rounds):
         for n, run in runs.items():
+            run()
             start = time.perf_counter()
             run()
             times[n].append(time.perf_counter() - start)
@@ -122,12 +136,11 @@ def worker(job: dict) -> dict:
     if kind == "growth":
         return {**job, "ms": interleaved_ms(layer, job["lengths"], autocast)}
 
+    x = torch.randn(1, n, DIM, requires_grad=kind == "train")
     base = current_rss_mb()
     if kind == "train":
-        run = train_step(layer, n, autocast)
+        run = train_step(layer, x, autocast)
     else:  # inference of fused attention, with or without building alpha
-        x = torch.randn(1, n, DIM)
-
         def run():
             with torch.no_grad(), autocast:
                 layer(x, return_alpha=job.get("alpha", False))
@@ -181,21 +194,24 @@ def main() -> None:
         if "ms" in r and "ms" in baseline:
             r["vs_causal_sdpa"] = r["ms"] / baseline["ms"]
 
-    # Growth t(64k) / t(4k): both lengths timed in turn in one process, in three processes.
+    # Growth t(64k) / t(4k): both lengths timed in turn in one process, in three processes;
+    # then again with glibc told to keep freed memory, to show what the allocator adds.
     growth = []
     if 65536 in lengths:
-        for dtype in ("fp32", "bf16"):
-            for name in ("micro", "elita"):
-                job = {"mechanism": name, "length": 65536, "dtype": dtype, "kind": "growth", "lengths": [4096, 65536]}
-                ratios = []
-                for _ in range(GROWTH_PROCESSES):
-                    ms = in_subprocess(script, job).get("ms", {})
-                    if "4096" in ms and "65536" in ms:
-                        ratios.append(ms["65536"] / ms["4096"])
-                row = {"mechanism": name, "dtype": dtype, "ratios": ratios,
-                       "growth": statistics.median(ratios) if ratios else None}
-                growth.append(row)
-                print(json.dumps(row), flush=True)
+        for allocator, env in (("glibc default", None), ("glibc, freed memory kept", KEEP_FREED_MEMORY)):
+            for dtype in ("fp32", "bf16"):
+                for name in ("micro", "elita"):
+                    job = {"mechanism": name, "length": 65536, "dtype": dtype, "kind": "growth",
+                           "lengths": [4096, 65536]}
+                    ratios = []
+                    for _ in range(GROWTH_PROCESSES):
+                        ms = in_subprocess(script, job, env=env).get("ms", {})
+                        if "4096" in ms and "65536" in ms:
+                            ratios.append(ms["65536"] / ms["4096"])
+                    row = {"mechanism": name, "dtype": dtype, "allocator": allocator, "ratios": ratios,
+                           "growth": statistics.median(ratios) if ratios else None}
+                    growth.append(row)
+                    print(json.dumps(row), flush=True)
 
     fused_memory = []
     for n in ([1024, 4096] if args.quick else [1024, 4096, 16384]):
@@ -221,7 +237,7 @@ def main() -> None:
     print_table("fused attention inference: SDPA path vs materialized alpha", fused_memory,
                 ["length", "alpha", "ms", "peak_mb", "error"])
     print_table("growth t(64k) / t(4k), interleaved in one process, median of three processes", growth,
-                ["mechanism", "dtype", "growth", "ratios"])
+                ["mechanism", "dtype", "allocator", "growth", "ratios"])
     print_table("recurrent decode, one token after a context", decode, ["mechanism", "length", "ms_per_token", "error"])
     print_table("softmax_one vs torch.softmax (forward)", softmax_one,
                 ["size", "route", "softmax_ms", "softmax_one_ms", "ratio", "eager_ratio"])
@@ -251,9 +267,10 @@ def evaluate_targets(by_key, growth, fused_memory, decode, softmax_one, lengths)
             add(f"quiet fwd+bwd <= 1.25x causal SDPA, L=1k..8k, {dtype}", f"worst {max(ratios):.2f}x",
                 max(ratios) <= 1.25)
         for name in ("micro", "elita"):
-            row = next((r for r in growth if (r["mechanism"], r["dtype"]) == (name, dtype)), {})
-            if row.get("growth") is not None:
-                add(f"{name} t(64k)/t(4k) <= 20, {dtype}", f"{row['growth']:.1f}", row["growth"] <= 20)
+            rows = [r for r in growth if (r["mechanism"], r["dtype"]) == (name, dtype) and r["growth"] is not None]
+            for row in rows:  # the target is judged on the default allocator; the other row explains it
+                ok = row["growth"] <= 20 if row["allocator"] == "glibc default" else None
+                add(f"{name} t(64k)/t(4k) <= 20, {dtype}, {row['allocator']}", f"{row['growth']:.1f}", ok)
             r16 = by_key.get((name, 16384, dtype), {}).get("vs_causal_sdpa")
             if r16 is not None:
                 add(f"{name} >= 10x faster than causal SDPA at 16k, {dtype}", f"{1 / r16:.1f}x faster", 1 / r16 >= 10)

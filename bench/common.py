@@ -53,11 +53,11 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def in_subprocess(script: str, job: dict, timeout: float = 900) -> dict:
-    """Run `script --worker JOB` in a fresh process, so its peak memory is its own."""
+def in_subprocess(script: str, job: dict, timeout: float = 900, env: dict | None = None) -> dict:
+    """Run `script --worker JOB` in a fresh process, so its peak memory is its own; `env` adds variables."""
     out = subprocess.run(
         [sys.executable, script, "--worker", json.dumps(job)],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
     if out.returncode != 0:
         return {**job, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc={out.returncode}"}

@@ -366,6 +366,33 @@ def test_extreme_inputs_stay_finite(name):
         assert torch.isfinite(layer(x)).all()
 
 
+@pytest.mark.parametrize("block", [4096, 7])
+def test_micro_routes_match_float64_values_and_gradients(route, block, monkeypatch):
+    """The compiled scan (or the eager route) in float32 against the eager route in float64.
+
+    Tokens that score zero from the start (z = 0) and padding are in; a 7-token block
+    carries the state across edges, so the state's own gradient is checked too.
+    """
+    import copy
+
+    from zoo.attention import blocks
+
+    monkeypatch.setattr(blocks, "BLOCK", block)
+    layer = make("micro", dim=16, heads=2)
+    x = torch.randn(3, 30, 16)
+    x[1, :4] = 0.0  # scores of exactly zero: the running mean is 0 there
+    mask = torch.ones(3, 30, dtype=torch.bool)
+    mask[2, 9:20] = False
+    grad = torch.randn(3, 30, 16)
+    got, want = [], []
+    for model, inputs, out in ((layer, x.clone(), got), (copy.deepcopy(layer).double(), x.double(), want)):
+        inputs.requires_grad_(True)
+        (model(inputs, key_padding_mask=mask) * grad.to(inputs.dtype)).sum().backward()
+        out += [model(inputs.detach(), key_padding_mask=mask), inputs.grad, model.queries.grad, model.proj.weight.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
+
+
 def test_micro_all_zero_scores_have_no_nan_in_bf16():
     layer = make("micro")
     with torch.no_grad():

@@ -18,6 +18,11 @@ not run as printed; and it divides by (sum + 1e-9), an epsilon that rounds away 
 half precision, so a prefix whose scores are all zero gives 0/0 = NaN. Here such a
 prefix has mean 0 (there is nothing to average), sums accumulate in float32 whatever
 the input dtype, and padded tokens get score 0, so they never enter any mean.
+
+On the CPU in float32 the causal running mean goes through a compiled kernel
+(csrc/micro_scan.cpp, see native.py) that reads the tokens once and writes the
+differences once, forward and backward; the eager route below computes the same
+numbers with cumsums and is what runs elsewhere.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from zoo.attention import blocks
+from zoo.attention import blocks, native
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
 
 
@@ -38,6 +44,25 @@ class MicroState:
 
     weighted_sum: torch.Tensor
     score_sum: torch.Tensor
+
+
+class _MicroScan(torch.autograd.Function):
+    """x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums, by the compiled kernel (csrc/micro_scan.cpp)."""
+
+    @staticmethod
+    def forward(ctx, kernels, tokens, scores, weighted_sum, score_sum):
+        inputs = [t.contiguous() for t in (tokens, scores, weighted_sum, score_sum)]
+        ctx.kernels = kernels
+        ctx.save_for_backward(*inputs)
+        return tuple(kernels.micro_scan_forward(*inputs))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_diff, grad_weighted_sum, grad_score_sum):
+        tokens, scores, weighted_sum, score_sum = ctx.saved_tensors
+        grads = [g.contiguous() if g is not None else torch.zeros_like(like)
+                 for g, like in ((grad_diff, tokens), (grad_weighted_sum, weighted_sum), (grad_score_sum, score_sum))]
+        return (None, *ctx.kernels.micro_scan_backward(*grads, tokens, scores, weighted_sum, score_sum))
 
 
 class MicroAttention(nn.Module):
@@ -64,6 +89,14 @@ class MicroAttention(nn.Module):
         return self.proj((tokens - mean).flatten(-2).to(x.dtype))
 
     def _causal(self, x, scores, tokens, state: MicroState | None) -> tuple[torch.Tensor, MicroState]:
+        kernels = native.load() if tokens.device.type == "cpu" and tokens.dtype == torch.float32 else None
+        if kernels is not None:
+            b = tokens.shape[0]
+            if state is None:
+                state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
+            diff, weighted_sum, score_sum = _MicroScan.apply(kernels, tokens, scores, state.weighted_sum,
+                                                             state.score_sum)
+            return self.proj(diff.flatten(-2).to(x.dtype)), MicroState(weighted_sum, score_sum)
         weighted_sum = (tokens * scores[..., None]).cumsum(1)
         score_sum = scores.cumsum(1)
         if state is not None:

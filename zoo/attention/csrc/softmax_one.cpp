@@ -82,7 +82,3 @@ torch::Tensor softmax_one_lastdim(const torch::Tensor& x) {
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("softmax_one_lastdim", &softmax_one_lastdim, "softmax_one along the last dimension (CPU)");
-}

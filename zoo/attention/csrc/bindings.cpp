@@ -1,0 +1,19 @@
+// The Python face of zoo's compiled CPU kernels (see zoo/attention/native.py).
+
+#include <torch/extension.h>
+
+#include <vector>
+
+torch::Tensor softmax_one_lastdim(const torch::Tensor& x);
+std::vector<torch::Tensor> micro_scan_forward(const torch::Tensor& x, const torch::Tensor& s,
+                                              const torch::Tensor& S0, const torch::Tensor& z0);
+std::vector<torch::Tensor> micro_scan_backward(const torch::Tensor& gd, const torch::Tensor& gS_last,
+                                               const torch::Tensor& gz_last, const torch::Tensor& x,
+                                               const torch::Tensor& s, const torch::Tensor& S0,
+                                               const torch::Tensor& z0);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("softmax_one_lastdim", &softmax_one_lastdim, "softmax_one along the last dimension");
+  m.def("micro_scan_forward", &micro_scan_forward, "MicroAttention's causal running mean, forward");
+  m.def("micro_scan_backward", &micro_scan_backward, "MicroAttention's causal running mean, backward");
+}
