@@ -20,8 +20,8 @@ prefix has mean 0 (there is nothing to average), sums accumulate in float32 what
 the input dtype, and padded tokens get score 0, so they never enter any mean.
 
 On the CPU in float32 the causal running mean goes through a compiled kernel
-(csrc/micro_scan.cpp, see native.py) that reads the tokens once and writes the
-differences once, forward and backward; the eager route below computes the same
+(csrc/micro_scan.cpp, see native.py): one pass over the tokens forward, two backward,
+and nothing full-width kept between them; the eager route below computes the same
 numbers with cumsums and is what runs elsewhere.
 """
 

@@ -1,4 +1,4 @@
-// MicroAttention's causal running mean on the CPU, forward and backward, in one pass each.
+// MicroAttention's causal running mean on the CPU: one pass forward, two backward.
 //
 // For every (batch, head) sequence, with tokens x_t (width D), scores s_t >= 0 and the
 // carried sums S0 (width D) and z0:
@@ -7,8 +7,8 @@
 // The eager route makes about a dozen full-width passes for this (product, cumsum,
 // division, difference, and flips in the cumsum's backward), and on long sequences its
 // time goes to memory traffic. Here the forward reads x once and writes d once; the
-// backward recomputes S_t in a forward sweep instead of keeping it, so nothing
-// full-width is saved between the two.
+// backward recomputes S_t in a forward sweep instead of keeping it, then gathers the
+// gradients in a reverse sweep, so nothing full-width is saved between the two.
 
 #include <torch/extension.h>
 
