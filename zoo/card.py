@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from torch import nn
 
@@ -137,8 +138,6 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
 
 def rewrite_card(folder) -> None:
     """Write a release folder's README.md again from its config.json (atomically)."""
-    from pathlib import Path
-
     from zoo.release import CARD, CONFIG, load_release, write_text_atomic
 
     folder = Path(folder)

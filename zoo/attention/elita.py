@@ -147,26 +147,24 @@ class ElitaAttention(nn.Module):
         out = gate * values + (1 - gate) * mean
         return out.flatten(-2).to(x.dtype), log_norm, mean
 
+    def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
+        if state is None:
+            out, log_norm, mean = self._mix(x, 0, None, None, key_padding_mask)
+            position = 0
+        else:
+            out, log_norm, mean = self._mix(x, state.position, state.log_norm, state.mean, key_padding_mask)
+            position = state.position
+        return out, ElitaState(log_norm[:, -1].clone(), mean[:, -1].clone(), position + x.shape[1])
+
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        outs, log_norm, mean, start = [], None, None, 0
-        for block, mask in blocks.split(x, key_padding_mask):  # cache-sized pieces of the scan
-            out, log_norms, means = self._mix(block, start, log_norm, mean, mask)
-            log_norm, mean, start = log_norms[:, -1], means[:, -1], start + block.shape[1]
-            outs.append(out)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        return blocks.scan(self._continue, x, key_padding_mask)  # cache-sized pieces of the scan
 
     def step(self, x: torch.Tensor, state: ElitaState | None = None) -> tuple[torch.Tensor, ElitaState]:
         """Continue over new tokens x (batch, new, dim) from an O(1) state."""
         check_tokens(x, self.dim, type(self).__name__)
-        if state is None:
-            out, log_norm, mean = self._mix(x, 0, None, None)
-            position = 0
-        else:
-            out, log_norm, mean = self._mix(x, state.position, state.log_norm, state.mean)
-            position = state.position
-        return out, ElitaState(log_norm[:, -1].clone(), mean[:, -1].clone(), position + x.shape[1])
+        return self._continue(x, state)
 
 
 class FeedForward2(nn.Module):

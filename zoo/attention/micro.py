@@ -50,11 +50,10 @@ class _MicroScan(torch.autograd.Function):
     """x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums, by the compiled kernel (csrc/micro_scan.cpp)."""
 
     @staticmethod
-    def forward(ctx, kernels, tokens, scores, weighted_sum, score_sum):
+    def forward(ctx, tokens, scores, weighted_sum, score_sum):
         inputs = [t.contiguous() for t in (tokens, scores, weighted_sum, score_sum)]
-        ctx.kernels = kernels
         ctx.save_for_backward(*inputs)
-        return tuple(kernels.micro_scan_forward(*inputs))
+        return tuple(native.load().micro_scan_forward(*inputs))
 
     @staticmethod
     @once_differentiable
@@ -62,7 +61,7 @@ class _MicroScan(torch.autograd.Function):
         tokens, scores, weighted_sum, score_sum = ctx.saved_tensors
         grads = [g.contiguous() if g is not None else torch.zeros_like(like)
                  for g, like in ((grad_diff, tokens), (grad_weighted_sum, weighted_sum), (grad_score_sum, score_sum))]
-        return (None, *ctx.kernels.micro_scan_backward(*grads, tokens, scores, weighted_sum, score_sum))
+        return tuple(native.load().micro_scan_backward(*grads, tokens, scores, weighted_sum, score_sum))
 
 
 class MicroAttention(nn.Module):
@@ -88,14 +87,13 @@ class MicroAttention(nn.Module):
         mean = weighted_sum / torch.where(score_sum > 0, score_sum, 1.0)[..., None]
         return self.proj((tokens - mean).flatten(-2).to(x.dtype))
 
-    def _causal(self, x, scores, tokens, state: MicroState | None) -> tuple[torch.Tensor, MicroState]:
-        kernels = native.load() if tokens.device.type == "cpu" and tokens.dtype == torch.float32 else None
-        if kernels is not None:
-            b = tokens.shape[0]
+    def _continue(self, x, state: MicroState | None, key_padding_mask=None) -> tuple[torch.Tensor, MicroState]:
+        scores, tokens = self._scores_and_tokens(x, key_padding_mask)
+        if native.for_tensor(tokens, (torch.float32,)) is not None:
             if state is None:
+                b = tokens.shape[0]
                 state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
-            diff, weighted_sum, score_sum = _MicroScan.apply(kernels, tokens, scores, state.weighted_sum,
-                                                             state.score_sum)
+            diff, weighted_sum, score_sum = _MicroScan.apply(tokens, scores, state.weighted_sum, state.score_sum)
             return self.proj(diff.flatten(-2).to(x.dtype)), MicroState(weighted_sum, score_sum)
         weighted_sum = (tokens * scores[..., None]).cumsum(1)
         score_sum = scores.cumsum(1)
@@ -112,15 +110,11 @@ class MicroAttention(nn.Module):
             scores, tokens = self._scores_and_tokens(x, key_padding_mask)
             weighted = tokens * scores[..., None]
             return self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
-        outs, state = [], None
-        for block, mask in blocks.split(x, key_padding_mask):  # cache-sized pieces of the scan
-            out, state = self._causal(block, *self._scores_and_tokens(block, mask), state)
-            outs.append(out)
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        return blocks.scan(self._continue, x, key_padding_mask)  # cache-sized pieces of the scan
 
     def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
         """Continue the running mean over new tokens x (batch, new, dim)."""
         if not self.causal:
             raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
         check_tokens(x, self.dim, type(self).__name__)
-        return self._causal(x, *self._scores_and_tokens(x), state)
+        return self._continue(x, state)

@@ -21,7 +21,6 @@ from types import ModuleType
 import torch
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp")]
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Compile for the vector width PyTorch itself dispatches to on this CPU, so that
 # at::vec::Vectorized and its exp are the ones PyTorch's own kernels use.
@@ -64,3 +63,8 @@ def load() -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+def for_tensor(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> ModuleType | None:
+    """The kernels, where `t` is a CPU tensor of one of `dtypes` and they could be built; else None."""
+    return load() if t.device.type == "cpu" and t.dtype in dtypes else None

@@ -26,7 +26,7 @@ from zoo.attention.softmax import SoftmaxAttention
 
 
 def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
-    kernels = native.load() if x.device.type == "cpu" and x.dtype in native.DTYPES else None
+    kernels = native.for_tensor(x, (torch.float32, torch.bfloat16, torch.float16))
     if kernels is None:
         return _forward_eager(x, dim)
     if dim == x.dim() - 1:
@@ -45,7 +45,7 @@ def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     if not bool(usable.all()):
         log_sum = torch.where(usable, log_sum, torch.logsumexp(x.to(wide), dim, keepdim=True))
         # A row of -inf is exactly zero (softmax alone made it NaN).
-        y = y.masked_fill_(torch.isneginf(log_sum), 0.0)
+        y.masked_fill_(torch.isneginf(log_sum), 0.0)
     return y.mul_(torch.sigmoid(log_sum).to(y.dtype))
 
 
