@@ -8,7 +8,7 @@ memory (above the process's memory before the measurement) is its own. Ratios ar
 taken against the baseline measured in the same run: causal SDPA for the token
 mixers, torch.softmax for softmax_one. Two ratios compare a layer with itself, and
 there timings from separate processes differ by more than the effect: growth from 4k
-to 64k tokens times both lengths in turn in one process (median of three processes),
+to 64k tokens times both lengths in turn in one process (median of five processes),
 and decode time per token after each context length is timed round-robin in one
 process. Results go to bench/results/attention.json.
 
@@ -44,7 +44,7 @@ HEADS, HEAD_DIM = 4, 64
 DIM = HEADS * HEAD_DIM
 MECHANISMS = ["softmax", "quiet", "micro", "elita", "fused"]
 MEMORY_LIMIT_GB = 8
-GROWTH_PROCESSES = 3
+GROWTH_PROCESSES = 5
 # glibc hands buffers over 32 MB straight back to the kernel and trims its heap, so every
 # long-sequence step faults its big buffers in afresh (4k steps reuse theirs); these keep them.
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**31), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
@@ -194,7 +194,7 @@ def main() -> None:
         if "ms" in r and "ms" in baseline:
             r["vs_causal_sdpa"] = r["ms"] / baseline["ms"]
 
-    # Growth t(64k) / t(4k): both lengths timed in turn in one process, in three processes;
+    # Growth t(64k) / t(4k): both lengths timed in turn in one process, in five processes;
     # then again with glibc told to keep freed memory, to show what the allocator adds.
     growth = []
     if 65536 in lengths:
@@ -236,7 +236,7 @@ def main() -> None:
     print_table("forward+backward, batch 1, 4 heads of 64", train, cols)
     print_table("fused attention inference: SDPA path vs materialized alpha", fused_memory,
                 ["length", "alpha", "ms", "peak_mb", "error"])
-    print_table("growth t(64k) / t(4k), interleaved in one process, median of three processes", growth,
+    print_table("growth t(64k) / t(4k), interleaved in one process, median of five processes", growth,
                 ["mechanism", "dtype", "allocator", "growth", "ratios"])
     print_table("recurrent decode, one token after a context", decode, ["mechanism", "length", "ms_per_token", "error"])
     print_table("softmax_one vs torch.softmax (forward)", softmax_one,

@@ -396,6 +396,36 @@ def test_micro_routes_match_float64_values_and_gradients(route, block, monkeypat
         torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
 
 
+def test_elita_logits_stay_float32_under_autocast():
+    """exp of a logit in the hundreds: in bf16 (steps of 1 or 2 there) the weights would be off by e^1."""
+    layer = make("elita")
+    with torch.no_grad():
+        layer.keys.normal_(0, 30)
+    x = torch.randn(2, 300, 16)
+    want = ref.elita_recurrent(layer, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    # only the value projection runs in bf16: its rounding, not the logits', sets the error
+    assert (got.double() - want).abs().max() < 0.02 * want.abs().max()
+
+
+def test_micro_keeps_no_bf16_copy_of_its_input_under_autocast():
+    """The score projection is 8 numbers wide per token: under autocast it reads x as it is,
+    where a bf16 copy of x (2 bytes per channel) would be kept for the backward."""
+    layer = make("micro", dim=16, heads=2)
+    x = torch.randn(1, 64, 16, requires_grad=True)
+    kept = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)
+    copies = [t for t in kept.values() if t.dtype == torch.bfloat16 and t.shape[-1] == 16 and t.numel() == x.numel()]
+    assert len(copies) == 1  # the output projection's input, and no second copy for the scores
+
+
 def test_micro_all_zero_scores_have_no_nan_in_bf16():
     layer = make("micro")
     with torch.no_grad():

@@ -120,7 +120,10 @@ class ElitaAttention(nn.Module):
         """History logits l, self logits u, row offsets w (each (B, L, H), float32) and values."""
         b, n, _ = x.shape
         wide = torch.promote_types(x.dtype, torch.float32)  # logits and sums in at least float32
-        keyed = torch.einsum("bld,khd->blkh", x, self.keys.to(x.dtype)).to(wide)
+        # The scalar keys are 3 * heads wide: run them in x's own precision even under
+        # autocast (exponentiated logits want it, and a bf16 copy of x would be kept for the backward).
+        with torch.autocast(x.device.type, enabled=False):
+            keyed = torch.einsum("bld,khd->blkh", x, self.keys.to(x.dtype)).to(wide)
         i = torch.arange(start, start + n, device=x.device, dtype=wide) / self.max_len
         # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
         # over long sequences, where sin's own range reduction costs 3-5x more per element.

@@ -77,7 +77,11 @@ class MicroAttention(nn.Module):
         """Scores (batch, length, heads), zero at padding, and tokens (batch, length, heads, head_dim)."""
         b, n, _ = x.shape
         wide = torch.promote_types(x.dtype, torch.float32)  # sums accumulate in at least float32
-        scores = F.relu(F.linear(x, self.queries)).to(wide).view(b, n, self.heads, self.num_queries).sum(-1)
+        # The score projection is only heads * num_queries wide: run it in x's own precision
+        # even under autocast, where a bf16 copy of x would be made, and kept for the backward.
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x, self.queries.to(x.dtype))
+        scores = F.relu(logits).to(wide).view(b, n, self.heads, self.num_queries).sum(-1)
         if key_padding_mask is not None:
             scores = scores * key_padding_mask[..., None]
         return scores, x.to(wide).view(b, n, self.heads, self.head_dim)
