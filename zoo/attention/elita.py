@@ -20,9 +20,13 @@ non-commercial licence). Three decisions the write-up leaves open or gets wrong:
       y_i = g_i V x_i + (1 - g_i) M_i,   g_i = sigmoid(k2 . x_i - p_{2,i} . c - k3 . x_i - A_i),
   in which no exponent is ever positive: 100k-token sequences and large activations
   stay finite with no clipping.
-- M is computed in chunks (flash-linear-attention style): inside a chunk a small
-  lower-triangular matrix of weights e^{l_j - A_i}, across chunks the same form one
-  level up with weights e^{A_end(k') - A_end(k)}; both are matmuls, all exponents <= 0.
+- M is a recurrence, M_i = a_i M_{i-1} + b_i V x_i with a_i = e^{A_{i-1} - A_i} and
+  b_i = e^{l_i - A_i} (a_i + b_i = 1). On the CPU in float32 a compiled kernel runs it
+  token by token (csrc/elita_scan.cpp, see native.py: one pass forward, two backward).
+  The eager route, the reference elsewhere, computes it in chunks (flash-linear-attention
+  style): inside a chunk a small lower-triangular matrix of weights e^{l_j - A_i},
+  across chunks the same form one level up with weights e^{A_end(k') - A_end(k)}; both
+  are matmuls, all exponents <= 0.
 
 Each head has its own k1, k2, k3, a, b, c and its slice of V's output; heads=1 is the
 equation as written. FeedForward2 is y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3
@@ -37,8 +41,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
-from zoo.attention import blocks
+from zoo.attention import blocks, native
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
 
 # Padded tokens get this logit: exp of it vanishes against any real logit, yet unlike
@@ -90,6 +95,22 @@ def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Ten
     return out.permute(0, 2, 3, 1, 4).reshape(b, n + pad, h, d)[:, :n]
 
 
+class _ElitaScan(torch.autograd.Function):
+    """The gated running mean y, and the last A and M, by the compiled kernel (csrc/elita_scan.cpp)."""
+
+    @staticmethod
+    def forward(ctx, history, gate_logits, values, log_norm, mean):
+        inputs = [t.contiguous() for t in (history, gate_logits, values, log_norm, mean)]
+        ctx.save_for_backward(*inputs)
+        return tuple(native.load().elita_scan_forward(*inputs))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_log_norm, grad_mean):
+        grads = [g.contiguous() for g in (grad_out, grad_log_norm, grad_mean)]
+        return tuple(native.load().elita_scan_backward(*grads, *ctx.saved_tensors))
+
+
 class ElitaAttention(nn.Module):
     def __init__(
         self,
@@ -123,7 +144,7 @@ class ElitaAttention(nn.Module):
         # The scalar keys are 3 * heads wide: run them in x's own precision even under
         # autocast (exponentiated logits want it, and a bf16 copy of x would be kept for the backward).
         with torch.autocast(x.device.type, enabled=False):
-            keyed = torch.einsum("bld,khd->blkh", x, self.keys.to(x.dtype)).to(wide)
+            keyed = F.linear(x, self.keys.flatten(0, 1).to(x.dtype)).to(wide).view(b, n, 3, self.heads)
         i = torch.arange(start, start + n, device=x.device, dtype=wide) / self.max_len
         # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
         # over long sequences, where sin's own range reduction costs 3-5x more per element.
@@ -136,28 +157,27 @@ class ElitaAttention(nn.Module):
         values = self.value(x).to(wide).view(b, n, self.heads, self.head_dim)
         return history, keyed[:, :, 1], offset, values
 
-    def _mix(self, x, start, log_norm0, mean0, key_padding_mask=None):
+    def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
+        start = 0 if state is None else state.position
         history, own, offset, values = self._terms(x, start)
         if key_padding_mask is not None:
             history = history.masked_fill(~key_padding_mask[..., None], _PAD_LOGIT)
-        log_norm = history.logcumsumexp(1)
-        if log_norm0 is not None:
-            log_norm = torch.logaddexp(log_norm, log_norm0[:, None])
-        mean = running_mean(history, log_norm, values, self.chunk_size)
-        if mean0 is not None:
-            mean = mean + (log_norm0[:, None] - log_norm).exp()[..., None] * mean0[:, None]
-        gate = torch.sigmoid(own - offset - log_norm)[..., None]
-        out = gate * values + (1 - gate) * mean
-        return out.flatten(-2).to(x.dtype), log_norm, mean
+        if state is None:  # nothing seen yet: a log-normalizer of _PAD_LOGIT carries no mass
+            b = x.shape[0]
+            state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
+                               values.new_zeros(b, self.heads, self.head_dim), 0)
+        mix = _ElitaScan.apply if native.for_tensor(values, (torch.float32,)) is not None else self._eager_mix
+        out, log_norm, mean = mix(history, own - offset, values, state.log_norm, state.mean)
+        return out.flatten(-2).to(x.dtype), ElitaState(log_norm, mean, start + x.shape[1])
 
-    def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
-        if state is None:
-            out, log_norm, mean = self._mix(x, 0, None, None, key_padding_mask)
-            position = 0
-        else:
-            out, log_norm, mean = self._mix(x, state.position, state.log_norm, state.mean, key_padding_mask)
-            position = state.position
-        return out, ElitaState(log_norm[:, -1].clone(), mean[:, -1].clone(), position + x.shape[1])
+    def _eager_mix(self, history, gate_logits, values, log_norm0, mean0):
+        """The outputs (B, L, H, D) and the last log-normalizer and mean, from the chunked running mean."""
+        log_norm = torch.logaddexp(history.logcumsumexp(1), log_norm0[:, None])
+        mean = running_mean(history, log_norm, values, self.chunk_size)
+        mean = mean + (log_norm0[:, None] - log_norm).exp()[..., None] * mean0[:, None]
+        gate = torch.sigmoid(gate_logits - log_norm)[..., None]
+        out = gate * values + (1 - gate) * mean
+        return out, log_norm[:, -1].clone(), mean[:, -1].clone()
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)

@@ -20,7 +20,8 @@ from types import ModuleType
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp", "elita_scan.cpp")]
 
 # Compile for the vector width PyTorch itself dispatches to on this CPU, so that
 # at::vec::Vectorized and its exp are the ones PyTorch's own kernels use.
@@ -57,7 +58,7 @@ def load() -> ModuleType | None:
     except Exception as error:  # no compiler, no ninja, a read-only cache: all mean "stay eager"
         warnings.warn(
             f"zoo could not build its compiled CPU kernels ({type(error).__name__}: {str(error)[:300]}); "
-            "softmax_one and causal MicroAttention run on their eager routes (the same numbers, slower). "
+            "softmax_one, causal MicroAttention and ELiTA run on their eager routes (the same numbers, slower). "
             "Install a C++ compiler to get the kernels, or set ZOO_NATIVE=0 to silence this.",
             RuntimeWarning,
             stacklevel=2,
