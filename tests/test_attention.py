@@ -363,6 +363,25 @@ def test_bf16_is_finite_and_close(name):
 
 
 @pytest.mark.parametrize("name", TOKEN_MIXERS)
+def test_bf16_autocast_gradients_are_close(name):
+    """Backward under autocast (the kernels take bf16 values and hand back bf16 gradients)."""
+    layer = make(name)
+    x = torch.randn(2, 100, 16)
+    grad = torch.randn(2, 100, 16)
+    grads = []
+    for enabled in (False, True):
+        inputs = x.clone().requires_grad_(True)
+        layer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            out = layer(inputs)
+        (out.float() * grad).sum().backward()
+        grads.append([inputs.grad] + [p.grad.clone() for p in layer.parameters()])
+    for want, got in zip(*grads):
+        assert torch.isfinite(got).all()
+        assert (got - want).abs().max() < 0.05 * want.abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("name", TOKEN_MIXERS)
 def test_extreme_inputs_stay_finite(name):
     layer = make(name)
     for x in (torch.zeros(1, 20, 16), torch.full((1, 20, 16), 1e4), torch.full((1, 20, 16), -1e4)):

@@ -154,7 +154,7 @@ class ElitaAttention(nn.Module):
         pos = (pos * self.pos_weight.to(wide)).sum(-1)  # (L, 2, H): p_1 . c and p_2 . c
         history = keyed[:, :, 0] + pos[:, 0]
         offset = keyed[:, :, 2] + pos[:, 1]
-        values = self.value(x).to(wide).view(b, n, self.heads, self.head_dim)
+        values = self.value(x).view(b, n, self.heads, self.head_dim)  # widened where they are read
         return history, keyed[:, :, 1], offset, values
 
     def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
@@ -165,9 +165,12 @@ class ElitaAttention(nn.Module):
         if state is None:  # nothing seen yet: a log-normalizer of _PAD_LOGIT carries no mass
             b = x.shape[0]
             state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
-                               values.new_zeros(b, self.heads, self.head_dim), 0)
-        mix = _ElitaScan.apply if native.for_tensor(values, (torch.float32,)) is not None else self._eager_mix
-        out, log_norm, mean = mix(history, own - offset, values, state.log_norm, state.mean)
+                               history.new_zeros(b, self.heads, self.head_dim), 0)
+        if native.for_tensor(values, (torch.float32, torch.bfloat16, torch.float16)) is not None:
+            out, log_norm, mean = _ElitaScan.apply(history, own - offset, values, state.log_norm, state.mean)
+        else:
+            out, log_norm, mean = self._eager_mix(history, own - offset, values.to(history.dtype),
+                                                  state.log_norm, state.mean)
         return out.flatten(-2).to(x.dtype), ElitaState(log_norm, mean, start + x.shape[1])
 
     def _eager_mix(self, history, gate_logits, values, log_norm0, mean0):

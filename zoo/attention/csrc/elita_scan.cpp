@@ -21,9 +21,12 @@
 
 namespace {
 
-void check(const torch::Tensor& t, int64_t dims, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == dims,
-              "elita_scan: ", name, " must be a contiguous float32 CPU tensor of ", dims, " dimensions");
+void check(const torch::Tensor& t, int64_t dims, const char* name, bool reduced_ok = false) {
+  const auto type = t.scalar_type();
+  const bool type_ok = type == at::kFloat || (reduced_ok && (type == at::kBFloat16 || type == at::kHalf));
+  TORCH_CHECK(t.device().is_cpu() && type_ok && t.is_contiguous() && t.dim() == dims, "elita_scan: ", name,
+              " must be a contiguous ", reduced_ok ? "float32, bfloat16 or float16" : "float32", " CPU tensor of ",
+              dims, " dimensions");
 }
 
 // A_t = logaddexp(A, l) and the weights a = e^{A - A_t}, b = e^{l - A_t} of the old mean and
@@ -43,40 +46,45 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-// l, r (B, L, H), v (B, L, H, D), A0 (B, H), M0 (B, H, D) -> y (B, L, H, D), A_L (B, H), M_L (B, H, D)
+// l, r (B, L, H), v (B, L, H, D), A0 (B, H), M0 (B, H, D) -> y (B, L, H, D), A_L (B, H), M_L (B, H, D).
+// Everything is float32 but v, which may be bf16 or fp16 (as a projection under autocast
+// gives it): it is widened as it is read, so no float32 copy of it is made or kept.
 std::vector<torch::Tensor> elita_scan_forward(const torch::Tensor& l, const torch::Tensor& r,
                                               const torch::Tensor& v, const torch::Tensor& A0,
                                               const torch::Tensor& M0) {
-  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v"), check(A0, 2, "A0"), check(M0, 3, "M0");
+  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v", true), check(A0, 2, "A0"), check(M0, 3, "M0");
   const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3);
-  auto y = torch::empty_like(v);
+  auto y = torch::empty(v.sizes(), v.options().dtype(at::kFloat));
   auto A_last = A0.clone();
   auto M_last = M0.clone();
   const float* lp = l.data_ptr<float>();
   const float* rp = r.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   float* Ap = A_last.data_ptr<float>();
   float* Mp = M_last.data_ptr<float>();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      float* M = Mp + bh * D;
-      float A = Ap[bh];
-      for (int64_t t = 0; t < L; ++t) {
-        const int64_t row = (b * L + t) * H + h;
-        const Merge m = merge(A, lp[row]);
-        const float g = sigmoid(rp[row] - m.A);
-        const float* vt = vp + row * D;
-        float* yt = yp + row * D;
-        for (int64_t c = 0; c < D; ++c) {
-          M[c] = m.a * M[c] + m.b * vt[c];
-          yt[c] = M[c] + g * (vt[c] - M[c]);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, v.scalar_type(), "elita_scan_forward", [&] {
+    const scalar_t* vp = v.data_ptr<scalar_t>();
+    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / H, h = bh % H;
+        float* M = Mp + bh * D;
+        float A = Ap[bh];
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t row = (b * L + t) * H + h;
+          const Merge m = merge(A, lp[row]);
+          const float g = sigmoid(rp[row] - m.A);
+          const scalar_t* vt = vp + row * D;
+          float* yt = yp + row * D;
+          for (int64_t c = 0; c < D; ++c) {
+            const float vc = vt[c];
+            M[c] = m.a * M[c] + m.b * vc;
+            yt[c] = M[c] + g * (vc - M[c]);
+          }
+          A = m.A;
         }
-        A = m.A;
+        Ap[bh] = A;
       }
-      Ap[bh] = A;
-    }
+    });
   });
   return {y, A_last, M_last};
 }
@@ -87,7 +95,7 @@ std::vector<torch::Tensor> elita_scan_backward(const torch::Tensor& gy, const to
                                                const torch::Tensor& r, const torch::Tensor& v,
                                                const torch::Tensor& A0, const torch::Tensor& M0) {
   check(gy, 4, "gy"), check(gA_last, 2, "gA_last"), check(gM_last, 3, "gM_last");
-  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v"), check(A0, 2, "A0"), check(M0, 3, "M0");
+  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v", true), check(A0, 2, "A0"), check(M0, 3, "M0");
   const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3);
   auto gl = torch::empty_like(l);
   auto gr = torch::empty_like(r);
@@ -96,57 +104,59 @@ std::vector<torch::Tensor> elita_scan_backward(const torch::Tensor& gy, const to
   auto gM0 = gM_last.clone();
   const float* lp = l.data_ptr<float>();
   const float* rp = r.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const float* gyp = gy.data_ptr<float>();
   float* glp = gl.data_ptr<float>();
   float* grp = gr.data_ptr<float>();
-  float* gvp = gv.data_ptr<float>();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> keep(L), take(L), gate(L), M(L * D);  // a_t, b_t, g_t and M_t of one sequence, recomputed
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float* M_start = M0.data_ptr<float>() + bh * D;
-      float A = A0.data_ptr<float>()[bh];
-      const float* M_prev = M_start;
-      for (int64_t t = 0; t < L; ++t) {
-        const int64_t row = (b * L + t) * H + h;
-        const Merge m = merge(A, lp[row]);
-        keep[t] = m.a, take[t] = m.b, gate[t] = sigmoid(rp[row] - m.A);
-        const float* vt = vp + row * D;
-        float* Mt = M.data() + t * D;
-        for (int64_t c = 0; c < D; ++c) Mt[c] = m.a * M_prev[c] + m.b * vt[c];
-        A = m.A;
-        M_prev = Mt;
-      }
-      // Reverse sweep. GM and GA hold dL/dM_t and dL/dA_t; each step adds what y_t, b_t
-      // and g_t pass to them, then hands on a_t times each to step t - 1.
-      float* GM = gM0.data_ptr<float>() + bh * D;
-      float GA = gA0.data_ptr<float>()[bh];
-      for (int64_t t = L - 1; t >= 0; --t) {
-        const int64_t row = (b * L + t) * H + h;
-        const float* Mt = M.data() + t * D;
-        const float* M_before = t > 0 ? M.data() + (t - 1) * D : M_start;
-        const float at = keep[t], bt = take[t], gt = gate[t];
-        const float* vt = vp + row * D;
-        const float* gyt = gyp + row * D;
-        float* gvt = gvp + row * D;
-        float q = 0.0f;  // dL/dg_t = (v_t - M_t) . gy_t
-        for (int64_t c = 0; c < D; ++c) q += (vt[c] - Mt[c]) * gyt[c];
-        const float gg = q * gt * (1.0f - gt);  // dL/d(r_t - A_t)
-        grp[row] = gg;
-        float gb = 0.0f;  // dL/db_t = GM . (v_t - M_{t-1}), with GM now whole at t
-        for (int64_t c = 0; c < D; ++c) {
-          GM[c] += (1.0f - gt) * gyt[c];
-          gvt[c] = gt * gyt[c] + bt * GM[c];
-          gb += GM[c] * (vt[c] - M_before[c]);
-          GM[c] *= at;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, v.scalar_type(), "elita_scan_backward", [&] {
+    const scalar_t* vp = v.data_ptr<scalar_t>();
+    scalar_t* gvp = gv.data_ptr<scalar_t>();
+    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> keep(L), take(L), gate(L), M(L * D);  // a_t, b_t, g_t and M_t of one sequence, recomputed
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / H, h = bh % H;
+        const float* M_start = M0.data_ptr<float>() + bh * D;
+        float A = A0.data_ptr<float>()[bh];
+        const float* M_prev = M_start;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t row = (b * L + t) * H + h;
+          const Merge m = merge(A, lp[row]);
+          keep[t] = m.a, take[t] = m.b, gate[t] = sigmoid(rp[row] - m.A);
+          const scalar_t* vt = vp + row * D;
+          float* Mt = M.data() + t * D;
+          for (int64_t c = 0; c < D; ++c) Mt[c] = m.a * M_prev[c] + m.b * static_cast<float>(vt[c]);
+          A = m.A;
+          M_prev = Mt;
         }
-        GA -= gg + gb * bt;  // dL/dA_t: b_t and g_t both fall as A_t rises
-        glp[row] = (gb + GA) * bt;  // through b_t directly and through A_t = logaddexp(A_{t-1}, l_t)
-        GA *= at;
+        // Reverse sweep. GM and GA hold dL/dM_t and dL/dA_t; each step adds what y_t, b_t
+        // and g_t pass to them, then hands on a_t times each to step t - 1.
+        float* GM = gM0.data_ptr<float>() + bh * D;
+        float GA = gA0.data_ptr<float>()[bh];
+        for (int64_t t = L - 1; t >= 0; --t) {
+          const int64_t row = (b * L + t) * H + h;
+          const float* Mt = M.data() + t * D;
+          const float* M_before = t > 0 ? M.data() + (t - 1) * D : M_start;
+          const float at = keep[t], bt = take[t], gt = gate[t];
+          const scalar_t* vt = vp + row * D;
+          const float* gyt = gyp + row * D;
+          scalar_t* gvt = gvp + row * D;
+          float q = 0.0f;  // dL/dg_t = (v_t - M_t) . gy_t
+          for (int64_t c = 0; c < D; ++c) q += (static_cast<float>(vt[c]) - Mt[c]) * gyt[c];
+          const float gg = q * gt * (1.0f - gt);  // dL/d(r_t - A_t)
+          grp[row] = gg;
+          float gb = 0.0f;  // dL/db_t = GM . (v_t - M_{t-1}), with GM now whole at t
+          for (int64_t c = 0; c < D; ++c) {
+            GM[c] += (1.0f - gt) * gyt[c];
+            gvt[c] = static_cast<scalar_t>(gt * gyt[c] + bt * GM[c]);
+            gb += GM[c] * (static_cast<float>(vt[c]) - M_before[c]);
+            GM[c] *= at;
+          }
+          GA -= gg + gb * bt;  // dL/dA_t: b_t and g_t both fall as A_t rises
+          glp[row] = (gb + GA) * bt;  // through b_t directly and through A_t = logaddexp(A_{t-1}, l_t)
+          GA *= at;
+        }
+        gA0.data_ptr<float>()[bh] = GA;
       }
-      gA0.data_ptr<float>()[bh] = GA;
-    }
+    });
   });
   return {gl, gr, gv, gA0, gM0};
 }
