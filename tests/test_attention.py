@@ -395,8 +395,6 @@ def test_micro_routes_match_float64_values_and_gradients(route, block, monkeypat
     Tokens that score zero from the start (z = 0) and padding are in; a 7-token block
     carries the state across edges, so the state's own gradient is checked too.
     """
-    import copy
-
     from zoo.attention import blocks
 
     monkeypatch.setattr(blocks, "BLOCK", block)
@@ -405,14 +403,23 @@ def test_micro_routes_match_float64_values_and_gradients(route, block, monkeypat
     x[1, :4] = 0.0  # scores of exactly zero: the running mean is 0 there
     mask = torch.ones(3, 30, dtype=torch.bool)
     mask[2, 9:20] = False
-    grad = torch.randn(3, 30, 16)
-    got, want = [], []
-    for model, inputs, out in ((layer, x.clone(), got), (copy.deepcopy(layer).double(), x.double(), want)):
+    for a, b in zip(*float32_and_float64(layer, x, mask)):
+        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
+
+
+def float32_and_float64(layer, x, mask):
+    """[outputs at real tokens, x's gradient, each parameter's gradient] from the float32
+    layer and from a float64 copy (which takes the eager route), for one output gradient."""
+    import copy
+
+    grad = torch.randn_like(x)
+    results = []
+    for model, inputs in ((layer, x.clone()), (copy.deepcopy(layer).double(), x.double())):
         inputs.requires_grad_(True)
         (model(inputs, key_padding_mask=mask) * grad.to(inputs.dtype)).sum().backward()
-        out += [model(inputs.detach(), key_padding_mask=mask), inputs.grad, model.queries.grad, model.proj.weight.grad]
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-4)
+        results.append([model(inputs.detach(), key_padding_mask=mask)[mask], inputs.grad]
+                       + [p.grad for p in model.parameters()])
+    return results
 
 
 def test_elita_logits_stay_float32_under_autocast():
@@ -449,10 +456,8 @@ def test_micro_keeps_no_bf16_copy_of_its_input_under_autocast():
 @pytest.mark.parametrize("scale", [1, 10])
 def test_elita_routes_match_float64_values_and_gradients(route, block, scale, monkeypatch):
     """The compiled scan (or the eager route) in float32 against the eager route in float64,
-    with logits in the hundreds, padding at the start and inside, and 7-token blocks whose
+    with logits up to the tens, padding at the start and inside, and 7-token blocks whose
     carried state (log-normalizer and mean) needs its own gradient."""
-    import copy
-
     from zoo.attention import blocks
 
     monkeypatch.setattr(blocks, "BLOCK", block)
@@ -463,17 +468,10 @@ def test_elita_routes_match_float64_values_and_gradients(route, block, scale, mo
     mask = torch.ones(3, 30, dtype=torch.bool)
     mask[1, :5] = False
     mask[2, 9:20] = False
-    grad = torch.randn(3, 30, 16)
-    got, want = [], []
-    for model, inputs, out in ((layer, x.clone(), got), (copy.deepcopy(layer).double(), x.double(), want)):
-        inputs.requires_grad_(True)
-        (model(inputs, key_padding_mask=mask) * grad.to(inputs.dtype)).sum().backward()
-        out += [model(inputs.detach(), key_padding_mask=mask)[mask], inputs.grad]
-        out += [p.grad for p in (model.keys, model.freq, model.phase, model.pos_weight, model.value.weight)]
     # With logits in the tens the eager route's float32 gradients are off by about 1.4e-4 of
     # their largest value (a few elements by 3e-3); the kernel's recurrence by 2e-5.
     tol = 5e-3 if (route, scale) == ("eager", 10) else 1e-4
-    for a, b in zip(got, want):
+    for a, b in zip(*float32_and_float64(layer, x, mask)):
         torch.testing.assert_close(a.double(), b, atol=tol, rtol=tol)
 
 

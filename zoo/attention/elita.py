@@ -21,8 +21,8 @@ non-commercial licence). Three decisions the write-up leaves open or gets wrong:
   in which no exponent is ever positive: 100k-token sequences and large activations
   stay finite with no clipping.
 - M is a recurrence, M_i = a_i M_{i-1} + b_i V x_i with a_i = e^{A_{i-1} - A_i} and
-  b_i = e^{l_i - A_i} (a_i + b_i = 1). On the CPU in float32 a compiled kernel runs it
-  token by token (csrc/elita_scan.cpp, see native.py: one pass forward, two backward).
+  b_i = e^{l_i - A_i} (a_i + b_i = 1). On the CPU a compiled kernel runs it token by
+  token in float32 (csrc/elita_scan.cpp, see native.py: one pass forward, two backward).
   The eager route, the reference elsewhere, computes it in chunks (flash-linear-attention
   style): inside a chunk a small lower-triangular matrix of weights e^{l_j - A_i},
   across chunks the same form one level up with weights e^{A_end(k') - A_end(k)}; both
@@ -138,7 +138,8 @@ class ElitaAttention(nn.Module):
         self.value = nn.Linear(dim, dim, bias=False)  # V, one slice of rows per head
 
     def _terms(self, x: torch.Tensor, start: int):
-        """History logits l, self logits u, row offsets w (each (B, L, H), float32) and values."""
+        """History logits l, self logits u, row offsets w (each (B, L, H), at least float32) and
+        values V x (B, L, H, D) in the projection's dtype."""
         b, n, _ = x.shape
         wide = torch.promote_types(x.dtype, torch.float32)  # logits and sums in at least float32
         # The scalar keys are 3 * heads wide: run them in x's own precision even under
