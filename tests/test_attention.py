@@ -364,7 +364,7 @@ def test_bf16_is_finite_and_close(name):
 
 @pytest.mark.parametrize("name", TOKEN_MIXERS)
 def test_bf16_autocast_gradients_are_close(name):
-    """Backward under autocast (the kernels take bf16 values and hand back bf16 gradients)."""
+    """Backward under bf16 autocast, through the kernels where they run, stays close to float32's."""
     layer = make(name)
     x = torch.randn(2, 100, 16)
     grad = torch.randn(2, 100, 16)
@@ -379,6 +379,23 @@ def test_bf16_autocast_gradients_are_close(name):
     for want, got in zip(*grads):
         assert torch.isfinite(got).all()
         assert (got - want).abs().max() < 0.05 * want.abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["micro", "elita"])
+def test_scans_in_half_precision_models(name, dtype):
+    """A whole model in bf16 or fp16: the scans still sum in float32 and hand back x's dtype."""
+    import copy
+
+    layer = make(name)
+    x = torch.randn(2, 100, 16)
+    want = layer(x)
+    half = copy.deepcopy(layer).to(dtype)
+    inputs = x.to(dtype).requires_grad_(True)
+    got = half(inputs)
+    got.float().pow(2).sum().backward()
+    assert got.dtype == dtype and inputs.grad.dtype == dtype and torch.isfinite(inputs.grad).all()
+    assert (got.float() - want).abs().max() < 0.05 * want.abs().max() + 0.05
 
 
 @pytest.mark.parametrize("name", TOKEN_MIXERS)

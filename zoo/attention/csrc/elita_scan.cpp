@@ -6,11 +6,11 @@
 //     M_t = a_t M_{t-1} + b_t v_t,  a_t = e^{A_{t-1} - A_t},  b_t = e^{l_t - A_t}  (a_t + b_t = 1)
 //     y_t = M_t + g_t (v_t - M_t),  g_t = sigmoid(r_t - A_t)
 // which is the chunked log-space form of elita.py's eager route, written as the
-// recurrence it is: every exponent is <= 0, so nothing overflows. The eager route makes
-// a 64x64 weight matrix per chunk and per head, and about thirty full-width passes with
-// their backward; here the forward reads l, r, v once and writes y once. The backward
-// recomputes the weights and M_t in a forward sweep (into a scratch of one block), then
-// gathers the gradients in a reverse sweep.
+// recurrence it is: every exponent is <= 0, so nothing overflows. The eager route builds
+// a 64x64 weight matrix per chunk and per head and makes dozens of passes over those and
+// the values, forward and backward; here the forward reads l, r, v once and writes y
+// once. The backward recomputes the weights and M_t in a forward sweep (into a scratch
+// of one block), then gathers the gradients in a reverse sweep.
 
 #include <torch/extension.h>
 
