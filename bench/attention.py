@@ -1,6 +1,6 @@
 """Speed and memory of the attention library against PyTorch's own kernels, in one run.
 
-    python bench/attention.py            # full run (about 30 minutes on 2 cores)
+    python bench/attention.py            # full run (about 25 minutes on 2 cores)
     python bench/attention.py --quick    # lengths up to 4k, for a smoke test
 
 Every forward+backward measurement runs in a fresh process so that its peak resident

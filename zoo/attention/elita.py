@@ -41,7 +41,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from zoo.attention import blocks, native
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
@@ -93,22 +92,6 @@ def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Ten
     decay = (previous_ends - log_norm).exp()
     out = partial + decay[..., None] * carried[..., None, :]
     return out.permute(0, 2, 3, 1, 4).reshape(b, n + pad, h, d)[:, :n]
-
-
-class _ElitaScan(torch.autograd.Function):
-    """The gated running mean y, and the last A and M, by the compiled kernel (csrc/elita_scan.cpp)."""
-
-    @staticmethod
-    def forward(ctx, history, gate_logits, values, log_norm, mean):
-        inputs = [t.contiguous() for t in (history, gate_logits, values, log_norm, mean)]
-        ctx.save_for_backward(*inputs)
-        return tuple(native.load().elita_scan_forward(*inputs))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out, grad_log_norm, grad_mean):
-        grads = [g.contiguous() for g in (grad_out, grad_log_norm, grad_mean)]
-        return tuple(native.load().elita_scan_backward(*grads, *ctx.saved_tensors))
 
 
 class ElitaAttention(nn.Module):
@@ -168,7 +151,8 @@ class ElitaAttention(nn.Module):
             state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
                                history.new_zeros(b, self.heads, self.head_dim), 0)
         if native.for_tensor(values, (torch.float32, torch.bfloat16, torch.float16)) is not None:
-            out, log_norm, mean = _ElitaScan.apply(history, own - offset, values, state.log_norm, state.mean)
+            # the gated running mean y, and the last A and M (csrc/elita_scan.cpp)
+            out, log_norm, mean = native.scan("elita_scan", history, own - offset, values, state.log_norm, state.mean)
         else:
             out, log_norm, mean = self._eager_mix(history, own - offset, values.to(history.dtype),
                                                   state.log_norm, state.mean)

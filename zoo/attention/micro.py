@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from zoo.attention import blocks, native
 from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
@@ -44,24 +43,6 @@ class MicroState:
 
     weighted_sum: torch.Tensor
     score_sum: torch.Tensor
-
-
-class _MicroScan(torch.autograd.Function):
-    """x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums, by the compiled kernel (csrc/micro_scan.cpp)."""
-
-    @staticmethod
-    def forward(ctx, tokens, scores, weighted_sum, score_sum):
-        inputs = [t.contiguous() for t in (tokens, scores, weighted_sum, score_sum)]
-        ctx.save_for_backward(*inputs)
-        return tuple(native.load().micro_scan_forward(*inputs))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_diff, grad_weighted_sum, grad_score_sum):
-        tokens, scores, weighted_sum, score_sum = ctx.saved_tensors
-        grads = [g.contiguous() if g is not None else torch.zeros_like(like)
-                 for g, like in ((grad_diff, tokens), (grad_weighted_sum, weighted_sum), (grad_score_sum, score_sum))]
-        return tuple(native.load().micro_scan_backward(*grads, tokens, scores, weighted_sum, score_sum))
 
 
 class MicroAttention(nn.Module):
@@ -93,17 +74,16 @@ class MicroAttention(nn.Module):
 
     def _continue(self, x, state: MicroState | None, key_padding_mask=None) -> tuple[torch.Tensor, MicroState]:
         scores, tokens = self._scores_and_tokens(x, key_padding_mask)
+        if state is None:  # nothing seen yet: both sums are zero
+            b = tokens.shape[0]
+            state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
         if native.for_tensor(tokens, (torch.float32,)) is not None:
-            if state is None:
-                b = tokens.shape[0]
-                state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
-            diff, weighted_sum, score_sum = _MicroScan.apply(tokens, scores, state.weighted_sum, state.score_sum)
+            # x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums (csrc/micro_scan.cpp)
+            diff, weighted_sum, score_sum = native.scan("micro_scan", tokens, scores, state.weighted_sum,
+                                                        state.score_sum)
             return self.proj(diff.flatten(-2).to(x.dtype)), MicroState(weighted_sum, score_sum)
-        weighted_sum = (tokens * scores[..., None]).cumsum(1)
-        score_sum = scores.cumsum(1)
-        if state is not None:
-            weighted_sum = weighted_sum + state.weighted_sum[:, None]
-            score_sum = score_sum + state.score_sum[:, None]
+        weighted_sum = (tokens * scores[..., None]).cumsum(1) + state.weighted_sum[:, None]
+        score_sum = scores.cumsum(1) + state.score_sum[:, None]
         out = self._output(x, tokens, weighted_sum, score_sum)
         return out, MicroState(weighted_sum[:, -1].clone(), score_sum[:, -1].clone())
 

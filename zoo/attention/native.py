@@ -5,7 +5,8 @@ the tests hold the two together; nothing needs the kernels to work. The first bu
 takes about a minute and needs a C++ compiler and ninja. PyTorch caches the result per
 machine and torch version (under TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
 so later processes only load it. Without a compiler, or with ZOO_NATIVE=0, zoo warns
-once and stays on the eager paths.
+once and stays on the eager paths. `scan` makes a scan's forward and backward kernels
+one autograd step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from torch.autograd.function import once_differentiable
 
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp", "elita_scan.cpp")]
@@ -69,3 +71,26 @@ def load() -> ModuleType | None:
 def for_tensor(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> ModuleType | None:
     """The kernels, where `t` is a CPU tensor of one of `dtypes` and they could be built; else None."""
     return load() if t.device.type == "cpu" and t.dtype in dtypes else None
+
+
+class _Scan(torch.autograd.Function):
+    """A compiled scan as one autograd step: `<name>_forward(*inputs) -> outputs`, and
+    `<name>_backward(*grads of the outputs, *inputs) -> grads of the inputs`."""
+
+    @staticmethod
+    def forward(ctx, name, *inputs):
+        inputs = [t.contiguous() for t in inputs]
+        ctx.name = name
+        ctx.save_for_backward(*inputs)
+        return tuple(getattr(load(), f"{name}_forward")(*inputs))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        # autograd hands over zeros, never None, for outputs that were not used
+        return None, *getattr(load(), f"{ctx.name}_backward")(*[g.contiguous() for g in grads], *ctx.saved_tensors)
+
+
+def scan(name: str, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Run the kernel pair `name` (micro_scan, elita_scan) on inputs, differentiably."""
+    return _Scan.apply(name, *inputs)
