@@ -152,9 +152,9 @@ def test_missing_repository_and_files(hub, tmp_path):
     # only JSON and safetensors came off the network
     fetched = {p.name for p in tmp_path.glob("models--*/snapshots/*/*")}
     assert fetched <= {"config.json", "model.safetensors", "README.md"}
-    publish(hub["mirror"], "zoo-test/wrong-config", {"config.json": b'{"class": "Nope", "args": {}}',
+    publish(hub["mirror"], "zoo-test/wrong-config", {"config.json": b'{"format_version": 1, "class": "Nope"}',
                                                      "model.safetensors": folder / "model.safetensors"})
-    with pytest.raises(ValueError, match="names class 'Nope'"):
+    with pytest.raises(ValueError, match="config.json: class 'Nope' is not a zoo architecture"):
         zoo.load("hf-hub:zoo-test/wrong-config", cache_dir=tmp_path)
 
 

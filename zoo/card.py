@@ -138,7 +138,8 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
 
 def rewrite_card(folder) -> None:
     """Write a release folder's README.md again from its config.json (atomically)."""
-    from zoo.release import CARD, CONFIG, load_release, write_text_atomic
+    from zoo.atomic import write_text_atomic
+    from zoo.release import CARD, CONFIG, load_release
 
     folder = Path(folder)
     config = json.loads((folder / CONFIG).read_text())

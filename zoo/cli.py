@@ -38,6 +38,14 @@ def run_lightning(args: list[str], run: bool = True):
             # A fixed checkpoint folder per run (not one per logger version), so that
             # `--ckpt_path last` finds the last checkpoint of the run it resumes.
             config = self.config[self.subcommand] if self.subcommand else self.config
+            name = (config.model.get("init_args") or {}).get("model_name") if config.get("model") else None
+            if name is not None:
+                from zoo.registry import entry
+
+                try:  # here, one line: inside instantiation jsonargparse would print an 80-line dump
+                    entry(name)
+                except (TypeError, ValueError) as error:
+                    raise SystemExit(f"zoo {self.subcommand}: error: model.init_args.model_name: {error}") from None
             if "checkpoint" in config and config.checkpoint.dirpath is None:
                 model = config.model.init_args
                 run = Path(config.export.dirpath).name if config.export.dirpath else model.get("model_name", "run")
@@ -80,11 +88,13 @@ def export_command(argv: list[str]) -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("outdir")
     parser.add_argument("--config", help="the recipe it was trained with: measure test metrics for the card")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it already holds a release "
+                                                                 "folder (anything else is never replaced)")
     args = parser.parse_args(argv)
 
     from zoo.training.export import export_checkpoint
 
-    path, metrics = export_checkpoint(args.checkpoint, args.outdir, args.config)
+    path, metrics = export_checkpoint(args.checkpoint, args.outdir, args.config, overwrite=args.overwrite)
     print(f"exported {path}" + (f" with {metrics}" if metrics else ""))
 
 
@@ -152,12 +162,20 @@ def generate_command(argv: list[str]) -> None:
                          top_p=args.top_p, seed=args.seed))
 
 
+# What a user can fix: said in one line, without a traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+               PermissionError, ConnectionError)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
         commands = {"models": models_command, "export": export_command, "push": push_command,
                     "check": check_command, "generate": generate_command}
-        commands[argv[0]](argv[1:])
+        try:
+            commands[argv[0]](argv[1:])
+        except USER_ERRORS as error:
+            raise SystemExit(f"zoo {argv[0]}: error: {error}") from None
     else:
         run_lightning(argv)
 

@@ -40,6 +40,8 @@ def _entries() -> dict[str, Entry]:
 
 
 def entry(name: str) -> Entry:
+    if not isinstance(name, str):
+        raise TypeError(f"a model name must be a string, got {type(name).__name__}")
     entries = _entries()
     if name not in entries:
         close = difflib.get_close_matches(name, list(entries), n=5, cutoff=0.4)
@@ -56,9 +58,16 @@ def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
     return [n for n in names if pretrained_tags(n)] if pretrained else names
 
 
-def create(name: str, **overrides) -> nn.Module:
-    """A registered model with random weights; keyword arguments override its defaults."""
+def create(name: str, *, max_parameters: int | None = None, **overrides) -> nn.Module:
+    """A registered model with random weights; keyword arguments override its defaults.
+
+    A model above max_parameters (default 1e9, or $ZOO_MAX_PARAMETERS) is refused before it is allocated.
+    """
+    from zoo.models.arguments import check_budget
+
     e = entry(name)
-    model = e.cls(**{**e.kwargs, **overrides})
+    args = {**e.kwargs, **overrides}
+    check_budget(e.cls, args, max_parameters)
+    model = e.cls(**args)
     model.model_name = name
     return model

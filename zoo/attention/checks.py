@@ -33,8 +33,38 @@ def check_padding_mask(mask: torch.Tensor | None, x: torch.Tensor, owner: str) -
     return mask
 
 
+def zero_padding(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """t (batch, length, ...) with padded tokens set to zero. Applied to a mechanism's input, it keeps
+    whatever a padded token holds (NaN included: 0 * NaN is NaN) out of every real token's output;
+    applied to its output, a padded token, and so a row that is all padding, gives zeros."""
+    if mask is None:
+        return t
+    return t.masked_fill(~mask.view(*mask.shape, *[1] * (t.dim() - 2)), 0.0)
+
+
 def check_heads(dim: int, heads: int, owner: str) -> int:
     """Return the per-head width, or explain why `dim` cannot be split into `heads`."""
     if heads < 1 or dim % heads:
         raise ValueError(f"{owner} needs dim divisible by heads, got dim={dim}, heads={heads}")
     return dim // heads
+
+
+def check_state_tensor(t, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                       owner: str) -> None:
+    """A carried decoding state must fit the new tokens exactly, on both the compiled and the eager
+    route: a state from another batch size or layer width would otherwise be read out of bounds."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{owner} state.{name} must be a torch.Tensor of shape {shape}, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{owner} state.{name} must have shape {tuple(shape)} for these tokens, got "
+                         f"{tuple(t.shape)}: pass the state this layer returned for the same batch")
+    if t.dtype != dtype:
+        raise ValueError(f"{owner} state.{name} must be {dtype} for {owner}'s input, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{owner} state.{name} must be on {device}, got {t.device}")
+
+
+def check_state_type(state, expected: type, owner: str) -> None:
+    if state is not None and not isinstance(state, expected):
+        raise TypeError(f"{owner}.step expects state=None or the {expected.__name__} it returned, "
+                        f"got {type(state).__name__}")

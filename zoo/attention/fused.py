@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from zoo.attention.attend import attend
-from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+from zoo.attention.checks import check_heads, check_padding_mask, check_tokens, zero_padding
 from zoo.attention.quiet import softmax_one
 
 NORMS: dict[str, Callable] = {"softmax": torch.softmax, "softmax_one": softmax_one}
@@ -74,9 +74,11 @@ class FusedAttention(nn.Module):
             logits = self.query_score(x).transpose(1, 2).float()
         else:
             logits = x.new_zeros(b, self.heads, n, dtype=torch.float32)
-        if key_padding_mask is not None:
-            logits = logits.masked_fill(~key_padding_mask[:, None, :], float("-inf"))
-        return logits.softmax(-1)
+        if key_padding_mask is None:
+            return logits.softmax(-1)
+        logits = logits.masked_fill(~key_padding_mask[:, None, :], float("-inf"))
+        # a row that is all padding has no query to weigh: zeros, where softmax would give NaN
+        return logits.softmax(-1).masked_fill(~key_padding_mask.any(-1)[:, None, None], 0.0)
 
     def alpha(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The attention vector alpha (batch, heads, length), built from the full score matrix."""
@@ -91,6 +93,8 @@ class FusedAttention(nn.Module):
             scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
         norm = NORMS[self.norm] if isinstance(self.norm, str) else self.norm
         weights = norm(scores, dim=-1)
+        if key_padding_mask is not None:  # zeros, not NaN, where a row has no real key at all
+            weights = weights.masked_fill(~key_padding_mask[:, None, None, :], 0.0)
         query_weights = self._query_weights(x, key_padding_mask)
         if callable(self.fuse):
             return self.fuse(weights, query_weights)
@@ -104,6 +108,7 @@ class FusedAttention(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        x = zero_padding(x, key_padding_mask)
         b = x.shape[0]
         v = self._heads(self.f_v(x))
         fusable = self.fuse in ("mean", "learned") and self.norm in ("softmax", "softmax_one")
@@ -117,4 +122,6 @@ class FusedAttention(nn.Module):
             alpha = self._alpha(x, key_padding_mask)
             pooled = (alpha.to(v.dtype)[..., None] * v).sum(-2)
         y = self.g_v(pooled.reshape(b, self.dim))
+        if key_padding_mask is not None:  # a row that is all padding pools to zeros
+            y = zero_padding(y[:, None], key_padding_mask.any(-1, keepdim=True))[:, 0]
         return (y, alpha) if return_alpha else y

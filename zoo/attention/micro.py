@@ -34,7 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import blocks, native
-from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+from zoo.attention.checks import (
+    check_heads,
+    check_padding_mask,
+    check_state_tensor,
+    check_state_type,
+    check_tokens,
+    zero_padding,
+)
 
 
 @dataclass
@@ -74,9 +81,13 @@ class MicroAttention(nn.Module):
 
     def _continue(self, x, state: MicroState | None, key_padding_mask=None) -> tuple[torch.Tensor, MicroState]:
         scores, tokens = self._scores_and_tokens(x, key_padding_mask)
+        b = tokens.shape[0]
         if state is None:  # nothing seen yet: both sums are zero
-            b = tokens.shape[0]
             state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
+        owner = type(self).__name__
+        check_state_tensor(state.weighted_sum, "weighted_sum", (b, self.heads, self.head_dim), tokens.dtype,
+                           tokens.device, owner)
+        check_state_tensor(state.score_sum, "score_sum", (b, self.heads), tokens.dtype, tokens.device, owner)
         if native.for_tensor(tokens, (torch.float32,)) is not None:
             # x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums (csrc/micro_scan.cpp)
             diff, weighted_sum, score_sum = native.scan("micro_scan", tokens, scores, state.weighted_sum,
@@ -90,15 +101,19 @@ class MicroAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        x = zero_padding(x, key_padding_mask)
         if not self.causal:
             scores, tokens = self._scores_and_tokens(x, key_padding_mask)
             weighted = tokens * scores[..., None]
-            return self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
-        return blocks.scan(self._continue, x, key_padding_mask)  # cache-sized pieces of the scan
+            out = self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
+        else:
+            out = blocks.scan(self._continue, x, key_padding_mask)  # cache-sized pieces of the scan
+        return zero_padding(out, key_padding_mask)
 
     def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
         """Continue the running mean over new tokens x (batch, new, dim)."""
         if not self.causal:
             raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
         check_tokens(x, self.dim, type(self).__name__)
+        check_state_type(state, MicroState, type(self).__name__)
         return self._continue(x, state)

@@ -5,8 +5,9 @@ the tests hold the two together; nothing needs the kernels to work. The first bu
 takes about a minute and needs a C++ compiler and ninja. PyTorch caches the result per
 machine and torch version (under TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
 so later processes only load it. Without a compiler, or with ZOO_NATIVE=0, zoo warns
-once and stays on the eager paths. `scan` makes a scan's forward and backward kernels
-one autograd step.
+once and stays on the eager paths. ZOO_NATIVE_SANITIZE=address builds a separate copy
+under AddressSanitizer, for `.ci/asan` (run Python with libasan preloaded). `scan` makes
+a scan's forward and backward kernels one autograd step.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ def load() -> ModuleType | None:
     # One build folder per installed copy and torch version: two environments sharing
     # the cache would otherwise rebuild over each other at every switch.
     key = hashlib.sha256(f"{SOURCES[0].parent}|{torch.__version__}".encode()).hexdigest()[:8]
+    sanitize = os.environ.get("ZOO_NATIVE_SANITIZE", "")
+    checked = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"] if sanitize else []
     try:
         return cpp_extension.load(
-            name=f"zoo_native_{capability.lower()}_{key}",
+            name=f"zoo_native_{capability.lower()}_{key}" + (f"_{sanitize}" if sanitize else ""),
             sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(capability, [])],
-            extra_ldflags=["-fopenmp"],
+            extra_cflags=["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(capability, []), *checked],
+            extra_ldflags=["-fopenmp", *checked],
         )
     except Exception as error:  # no compiler, no ninja, a read-only cache: all mean "stay eager"
         warnings.warn(

@@ -15,7 +15,14 @@ import torch
 from torch import nn
 
 from zoo.attention.attend import attend
-from zoo.attention.checks import check_heads, check_padding_mask, check_tokens
+from zoo.attention.checks import (
+    check_heads,
+    check_padding_mask,
+    check_state_tensor,
+    check_state_type,
+    check_tokens,
+    zero_padding,
+)
 
 
 @dataclass
@@ -79,7 +86,7 @@ class SoftmaxAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        q, k, v = self._split_heads(x)
+        q, k, v = self._split_heads(zero_padding(x, key_padding_mask))
         out = attend(
             q, k, v,
             causal=self.causal,
@@ -88,16 +95,23 @@ class SoftmaxAttention(nn.Module):
             quiet=self.quiet,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self._merge_heads(out)
+        return zero_padding(self._merge_heads(out), key_padding_mask)
 
     def step(self, x: torch.Tensor, state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
         """Attend from the new tokens x (batch, new, dim) to the cache and themselves."""
         if not self.causal:
             raise RuntimeError(f"{type(self).__name__}.step needs causal=True: a bidirectional layer has no cache")
-        check_tokens(x, self.dim, type(self).__name__)
+        owner = type(self).__name__
+        check_tokens(x, self.dim, owner)
+        check_state_type(state, KVCache, owner)
         q, k, v = self._split_heads(x)
         start = 0
         if state is not None:
+            if not isinstance(state.keys, torch.Tensor) or state.keys.dim() != 4:
+                raise ValueError(f"{owner} state.keys must be a tensor (batch, heads, length, head_dim)")
+            cached = (q.shape[0], self.heads, state.keys.shape[2], self.head_dim)
+            check_state_tensor(state.keys, "keys", cached, k.dtype, k.device, owner)
+            check_state_tensor(state.values, "values", cached, v.dtype, v.device, owner)
             start = state.length
             k = torch.cat([state.keys, k], dim=-2)
             v = torch.cat([state.values, v], dim=-2)

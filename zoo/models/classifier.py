@@ -11,6 +11,58 @@ def _is_pil(inputs) -> bool:
     return type(inputs).__module__.startswith("PIL.")
 
 
+PIL_16_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL opens 16-bit PNGs and TIFFs in these modes
+PIL_8_BIT = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV")
+
+
+def _from_pil(image, channels: int) -> np.ndarray:
+    """A PIL image as an array that keeps its bit depth: uint8, 16-bit as uint16 (mode "I" checked
+    to fit), or float32 (mode "F"); (H, W) or (C, H, W) with the model's channel count."""
+    if image.mode in PIL_16_BIT or image.mode == "F":
+        array = np.array(image)
+        if image.mode == "I":
+            if array.size and (array.min() < 0 or array.max() > 65535):
+                raise ValueError(f"a PIL image of mode 'I' is read as 16-bit pixels (0..65535), got values in "
+                                 f"[{array.min()}, {array.max()}]")
+            array = array.astype(np.uint16)
+        elif image.mode != "F":
+            array = array.astype(np.uint16)
+        return array if channels == 1 else np.stack([array] * channels)
+    if image.mode not in PIL_8_BIT:
+        raise ValueError(f"unsupported PIL image mode {image.mode!r}; expected one of {', '.join(PIL_8_BIT)}, "
+                         f"a 16-bit mode ({', '.join(PIL_16_BIT)}) or 'F'")
+    array = np.array(image.convert("L" if channels == 1 else "RGB"))
+    return np.moveaxis(array, -1, 0) if array.ndim == 3 else array
+
+
+def to_unit_range(x: torch.Tensor, pixels: bool = True) -> torch.Tensor:
+    """Values as float32 by what the dtype says they are, or a ValueError: 8-bit integers (any
+    integer dtype holding 0..255) / 255, uint16 / 65535, bool as 0 and 1, and floating point as
+    it is, which for `pixels` (images) must lie in [0, 1]. Anything else (negative or larger
+    integers, pixels outside [0, 1], NaN or inf) is refused rather than misread. Signals and
+    volumes in floating point are real measurements, taken at their value."""
+    if x.is_complex():
+        raise ValueError(f"expected real-valued pixels, got dtype {x.dtype}")
+    if x.dtype == torch.bool:
+        return x.float()
+    if x.is_floating_point():
+        x = x.float()
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("the input holds NaN or infinite values; expected pixels in [0, 1]")
+        if pixels and x.numel() and (x.min() < 0 or x.max() > 1):
+            raise ValueError(f"floating-point pixels must lie in [0, 1], got values in [{float(x.min()):.4g}, "
+                             f"{float(x.max()):.4g}]: divide 8-bit values by 255 and 16-bit values by 65535, or "
+                             "pass the integer array itself")
+        return x
+    if x.dtype == torch.uint16:
+        return x.to(torch.int32).float() / 65535.0
+    low, high = (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+    if low < 0 or high > 255:
+        raise ValueError(f"integer pixels are read as 8-bit (0..255) unless their dtype is uint16; got {x.dtype} "
+                         f"values in [{low}, {high}]: pass 16-bit images as uint16, or floats in [0, 1]")
+    return x.float() / 255.0
+
+
 class Classifier:
     """For a model with `config` holding mean, std and label_names, and an `input_shape` (C, *size)."""
 
@@ -20,14 +72,24 @@ class Classifier:
     def preprocess(self, inputs) -> torch.Tensor:
         """A PIL image, array or tensor, one item (C, *size) or (*size), or a batch: the normalized batch.
 
-        Integer inputs are read as 0..255 pixels; float inputs as already in 0..1.
+        Values are read by their type (`to_unit_range`): 8-bit and 16-bit integers (PIL's 16-bit
+        modes too) are scaled to [0, 1]; floating-point images (PIL mode "F" too) must already lie
+        in [0, 1], while signals and volumes are taken at their value; anything else is refused.
         Images (two spatial dimensions) of another size are resized.
         """
+        original = inputs
         if _is_pil(inputs):
-            inputs = np.array(inputs.convert("L" if self.input_shape[0] == 1 else "RGB"))
-            inputs = np.moveaxis(inputs, -1, 0) if inputs.ndim == 3 else inputs
-        x = inputs if torch.is_tensor(inputs) else torch.from_numpy(np.array(inputs))
-        x = x.float() / 255.0 if not x.is_floating_point() else x.float()
+            inputs = _from_pil(inputs, self.input_shape[0])
+        if not torch.is_tensor(inputs):
+            try:
+                inputs = np.asarray(inputs)
+            except ValueError as e:  # ragged nested lists
+                raise ValueError(f"{type(self).__name__} could not read the input as an array: {e}") from None
+            if inputs.dtype == object or inputs.dtype.kind not in "biuf":
+                raise ValueError(f"{type(self).__name__} takes numbers (a PIL image, an array or a tensor), got an "
+                                 f"array of {inputs.dtype}")
+        images = len(self.input_shape) == 3 or _is_pil(original)
+        x = to_unit_range(torch.as_tensor(inputs), pixels=images)
         channels, size = self.input_shape[0], self.input_shape[1:]
         if x.dim() == len(size):
             x = x.unsqueeze(0)

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from zoo.attention import FusedAttention
+from zoo.models.arguments import channel_stats, integer, transformer_sizes
+from zoo.models.arguments import label_names as check_label_names
 from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
@@ -50,7 +52,18 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
     ):
         super().__init__()
         owner = type(self).__name__
-        input_size, patch_size = tuple(input_size), tuple(patch_size)
+        for name, value in (("input_size", input_size), ("patch_size", patch_size)):
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise TypeError(f"{owner} {name} must be a list of integers (one per dimension), got {value!r}")
+        input_size = tuple(integer(w, "input_size", owner) for w in input_size)
+        patch_size = tuple(integer(w, "patch_size", owner) for w in patch_size)
+        in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner)
+        collection = integer(collection, "collection", owner, 0)
+        embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
+            owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
+        mean = channel_stats(mean, "mean", owner, in_chans)
+        std = channel_stats(std, "std", owner, in_chans, positive=True)
+        label_names = check_label_names(label_names, num_classes, owner)
         if len(input_size) < 1 or len(patch_size) != len(input_size):
             raise ValueError(f"{owner} needs one patch width per input dimension, got input_size={input_size}, "
                              f"patch_size={patch_size}")

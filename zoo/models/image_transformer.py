@@ -13,6 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import FusedAttention
+from zoo.models.arguments import channel_stats, integer, transformer_sizes
+from zoo.models.arguments import label_names as check_label_names
 from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding_2d
 from zoo.registry import register
@@ -44,6 +46,13 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
     ):
         super().__init__()
         owner = type(self).__name__
+        img_size, patch_size = integer(img_size, "img_size", owner), integer(patch_size, "patch_size", owner)
+        in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner, 0)
+        embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
+            owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
+        mean = channel_stats(mean, "mean", owner, in_chans)
+        std = channel_stats(std, "std", owner, in_chans, positive=True)
+        label_names = check_label_names(label_names, num_classes, owner)
         check_choice(attention, ("softmax", "quiet", "micro"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.models.arguments import integer, number, transformer_sizes
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
@@ -35,6 +36,12 @@ class TextTransformer(Releasable, nn.Module):
     ):
         super().__init__()
         owner = type(self).__name__
+        vocab_size = integer(vocab_size, "vocab_size", owner)
+        context_length = integer(context_length, "context_length", owner)
+        embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
+            owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
+        if tokenizer is not None and not isinstance(tokenizer, dict):
+            raise TypeError(f"{owner} tokenizer must be a dict (a tokenizer's to_dict()) or None, got {tokenizer!r}")
         check_choice(attention, ("softmax", "quiet", "micro", "elita"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         self.tokenizer = tokenizer_from_dict(tokenizer) if tokenizer else None
@@ -91,6 +98,11 @@ class TextTransformer(Releasable, nn.Module):
 
     def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int = 0):
         """Logits for new tokens given every block's state; returns (logits, states)."""
+        if states is not None and (not isinstance(states, (list, tuple)) or len(states) != len(self.blocks)):
+            got = f"{len(states)} states" if isinstance(states, (list, tuple)) else type(states).__name__
+            raise ValueError(f"{type(self).__name__}.forward_step expects None or the list of {len(self.blocks)} "
+                             f"block states it returned, got {got}")
+        integer(start, "forward_step start", type(self).__name__, 0)
         x = self._embed(idx, start)
         states = states or [None] * len(self.blocks)
         new_states = []
@@ -110,6 +122,7 @@ class TextTransformer(Releasable, nn.Module):
         seed: int | None = None,
     ) -> torch.Tensor | str:
         """Sample continuations. A string prompt (with a tokenizer) returns a string; ids return ids."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
         as_text = isinstance(tokens, str)
         if as_text:
             if self.tokenizer is None:
@@ -120,8 +133,6 @@ class TextTransformer(Releasable, nn.Module):
             idx = idx[None]
         if idx.shape[1] == 0:
             raise ValueError("generate needs a prompt of at least one token")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         generator = torch.Generator(device=idx.device).manual_seed(seed) if seed is not None else None
         # Learned positions end at context_length: past it, the window slides and the last
         # context_length tokens are recomputed each step (as nanoGPT does); the others stream on.
@@ -140,6 +151,22 @@ class TextTransformer(Releasable, nn.Module):
             logits = logits[:, -1]
         result = torch.cat(out, dim=1)
         return self.tokenizer.decode(result[0].tolist()) if as_text else result
+
+
+MAX_NEW_TOKENS = 1_000_000
+
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p, seed) -> None:
+    """Refuse sampling parameters outside their ranges before any token is generated."""
+    owner = "generate"
+    integer(max_new_tokens, "max_new_tokens", owner, 0, MAX_NEW_TOKENS)
+    number(temperature, "temperature (0 = greedy)", owner)
+    if top_k is not None:
+        integer(top_k, "top_k", owner, 1)
+    if top_p is not None:
+        number(top_p, "top_p", owner, include_minimum=False, maximum=1.0)
+    if seed is not None:
+        integer(seed, "seed", owner, 0, 2**64 - 1)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,

@@ -9,12 +9,13 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from zoo.atomic import check_replaceable
 from zoo.card import parse_target
-from zoo.release import save_pretrained
+from zoo.release import is_release_folder, save_pretrained
 
 
 def export(task: L.LightningModule, datamodule, outdir, command: str | None = None,
-           seconds: float | None = None, run: dict | None = None) -> tuple[Path, dict]:
+           seconds: float | None = None, run: dict | None = None, overwrite: bool = True) -> tuple[Path, dict]:
     """Evaluate `task` on the data's test split and write its model as a release folder.
 
     run: what the card should say about training (epochs, steps, precision); it is kept in
@@ -25,7 +26,7 @@ def export(task: L.LightningModule, datamodule, outdir, command: str | None = No
     data = datamodule.describe() if hasattr(datamodule, "describe") else {"name": type(datamodule).__name__}
     training = {"command": command, "seconds": seconds, "threads": torch.get_num_threads(),
                 "machine": platform.machine(), "data": data, **(run or {})}
-    path = save_pretrained(task.model, outdir, extra={"metrics": metrics, "training": training})
+    path = save_pretrained(task.model, outdir, extra={"metrics": metrics, "training": training}, overwrite=overwrite)
     return path, metrics
 
 
@@ -44,6 +45,12 @@ class ExportRelease(L.Callback):
         self.started = None
 
     def setup(self, trainer, pl_module, stage):
+        if self.dirpath and stage == "fit":
+            check_export_path(self.dirpath, {
+                "trainer.default_root_dir": trainer.default_root_dir,
+                "the checkpoint folder": getattr(trainer.checkpoint_callback, "dirpath", None),
+                "the log folder": trainer.log_dir,
+            })
         if self.push_to and not self.dirpath:
             raise ValueError("export.push_to needs export.dirpath: the folder to write and then upload")
         if self.push_to:
@@ -76,15 +83,33 @@ class ExportRelease(L.Callback):
             print(f"pushed to {push(path, self.push_to, private=self.private)}")
 
 
-def export_checkpoint(checkpoint, outdir, config: str | None = None) -> tuple[Path, dict]:
+def check_export_path(outdir, keep: dict[str, str | None], overwrite: bool = True) -> None:
+    """Refuse, before any work, an export folder that is, or holds, what the run or the export reads or
+    writes (`keep`: what -> path), or anything else that is not a release folder."""
+    out = Path(outdir).resolve()
+    for what, other in keep.items():
+        if other is None:
+            continue
+        other = Path(other).resolve()
+        if out == other or out in other.parents:  # replacing `out` would take `other` with it
+            raise ValueError(f"the export folder {outdir} overlaps {what} ({other}): writing the release there "
+                             "would replace what the run keeps; choose a separate export folder")
+    check_replaceable(outdir, is_release_folder, "release folder", overwrite)
+
+
+def export_checkpoint(checkpoint, outdir, config: str | None = None, overwrite: bool = True) -> tuple[Path, dict]:
     """A zoo Lightning checkpoint (our own file, read with weights_only) to a release folder.
 
     With the recipe it was trained with (`config`), the card gets test metrics measured now.
+    The checkpoint is never inside what is replaced, and only a release folder is replaced.
     """
     from tqdm import tqdm
 
     from zoo.training import task_class
 
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"no checkpoint file at {checkpoint}")
+    check_export_path(outdir, {"the checkpoint it exports": checkpoint}, overwrite)
     steps = tqdm(total=3, desc="export", unit="step")
     hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
     if "model_name" not in hparams:
@@ -101,10 +126,10 @@ def export_checkpoint(checkpoint, outdir, config: str | None = None) -> tuple[Pa
             data = yaml.safe_load(f)["data"]
         datamodule = parser.instantiate_classes(parser.parse_object({"data": data})).data
         steps.update()
-        path, metrics = export(task, datamodule, outdir, command=f"zoo fit --config {config}")
+        path, metrics = export(task, datamodule, outdir, command=f"zoo fit --config {config}", overwrite=overwrite)
     else:
         steps.update()
-        path, metrics = save_pretrained(task.model, outdir), {}
+        path, metrics = save_pretrained(task.model, outdir, overwrite=overwrite), {}
     steps.update()
     steps.close()
     return path, metrics

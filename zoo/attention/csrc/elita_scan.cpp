@@ -19,14 +19,17 @@
 #include <cmath>
 #include <vector>
 
+#include "checks.h"
+
 namespace {
 
-void check(const torch::Tensor& t, int64_t dims, const char* name, bool reduced_ok = false) {
-  const auto type = t.scalar_type();
-  const bool type_ok = type == at::kFloat || (reduced_ok && (type == at::kBFloat16 || type == at::kHalf));
-  TORCH_CHECK(t.device().is_cpu() && type_ok && t.is_contiguous() && t.dim() == dims, "elita_scan: ", name,
-              " must be a contiguous ", reduced_ok ? "float32, bfloat16 or float16" : "float32", " CPU tensor of ",
-              dims, " dimensions");
+void check_inputs(const char* kernel, const torch::Tensor& l, const torch::Tensor& r, const torch::Tensor& v,
+                  const torch::Tensor& A0, const torch::Tensor& M0, int64_t B, int64_t L, int64_t H, int64_t D) {
+  zoo::check_tensor(kernel, "l", l, {B, L, H}, {at::kFloat});
+  zoo::check_tensor(kernel, "r", r, {B, L, H}, {at::kFloat});
+  zoo::check_tensor(kernel, "v", v, {B, L, H, D}, {at::kFloat, at::kBFloat16, at::kHalf});
+  zoo::check_tensor(kernel, "A0", A0, {B, H}, {at::kFloat});
+  zoo::check_tensor(kernel, "M0", M0, {B, H, D}, {at::kFloat});
 }
 
 // A_t = logaddexp(A, l) and the weights a = e^{A - A_t}, b = e^{l - A_t} of the old mean and
@@ -52,8 +55,9 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 std::vector<torch::Tensor> elita_scan_forward(const torch::Tensor& l, const torch::Tensor& r,
                                               const torch::Tensor& v, const torch::Tensor& A0,
                                               const torch::Tensor& M0) {
-  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v", true), check(A0, 2, "A0"), check(M0, 3, "M0");
-  const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3);
+  const auto n = zoo::sizes_of("elita_scan_forward", "v", v, 4);
+  const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
+  check_inputs("elita_scan_forward", l, r, v, A0, M0, B, L, H, D);
   auto y = torch::empty(v.sizes(), v.options().dtype(at::kFloat));
   auto A_last = A0.clone();
   auto M_last = M0.clone();
@@ -94,9 +98,12 @@ std::vector<torch::Tensor> elita_scan_backward(const torch::Tensor& gy, const to
                                                const torch::Tensor& gM_last, const torch::Tensor& l,
                                                const torch::Tensor& r, const torch::Tensor& v,
                                                const torch::Tensor& A0, const torch::Tensor& M0) {
-  check(gy, 4, "gy"), check(gA_last, 2, "gA_last"), check(gM_last, 3, "gM_last");
-  check(l, 3, "l"), check(r, 3, "r"), check(v, 4, "v", true), check(A0, 2, "A0"), check(M0, 3, "M0");
-  const int64_t B = v.size(0), L = v.size(1), H = v.size(2), D = v.size(3);
+  const auto n = zoo::sizes_of("elita_scan_backward", "v", v, 4);
+  const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
+  check_inputs("elita_scan_backward", l, r, v, A0, M0, B, L, H, D);
+  zoo::check_tensor("elita_scan_backward", "gy", gy, {B, L, H, D}, {at::kFloat});
+  zoo::check_tensor("elita_scan_backward", "gA_last", gA_last, {B, H}, {at::kFloat});
+  zoo::check_tensor("elita_scan_backward", "gM_last", gM_last, {B, H, D}, {at::kFloat});
   auto gl = torch::empty_like(l);
   auto gr = torch::empty_like(r);
   auto gv = torch::empty_like(v);

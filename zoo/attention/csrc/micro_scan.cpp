@@ -14,13 +14,20 @@
 
 #include <ATen/Parallel.h>
 
+#include "checks.h"
+
 #include <vector>
+
+
 
 namespace {
 
-void check(const torch::Tensor& t, int64_t dims, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == dims,
-              "micro_scan: ", name, " must be a contiguous float32 CPU tensor of ", dims, " dimensions");
+void check_inputs(const char* kernel, const torch::Tensor& x, const torch::Tensor& s, const torch::Tensor& S0,
+                  const torch::Tensor& z0, int64_t B, int64_t L, int64_t H, int64_t D) {
+  zoo::check_tensor(kernel, "x", x, {B, L, H, D}, {at::kFloat});
+  zoo::check_tensor(kernel, "s", s, {B, L, H}, {at::kFloat});
+  zoo::check_tensor(kernel, "S0", S0, {B, H, D}, {at::kFloat});
+  zoo::check_tensor(kernel, "z0", z0, {B, H}, {at::kFloat});
 }
 
 }  // namespace
@@ -28,8 +35,9 @@ void check(const torch::Tensor& t, int64_t dims, const char* name) {
 // x (B, L, H, D), s (B, L, H), S0 (B, H, D), z0 (B, H) -> d (B, L, H, D), S_L (B, H, D), z_L (B, H)
 std::vector<torch::Tensor> micro_scan_forward(const torch::Tensor& x, const torch::Tensor& s,
                                               const torch::Tensor& S0, const torch::Tensor& z0) {
-  check(x, 4, "x"), check(s, 3, "s"), check(S0, 3, "S0"), check(z0, 2, "z0");
-  const int64_t B = x.size(0), L = x.size(1), H = x.size(2), D = x.size(3);
+  const auto n = zoo::sizes_of("micro_scan_forward", "x", x, 4);
+  const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
+  check_inputs("micro_scan_forward", x, s, S0, z0, B, L, H, D);
   auto d = torch::empty_like(x);
   auto S_last = S0.clone();
   auto z_last = z0.clone();
@@ -66,9 +74,12 @@ std::vector<torch::Tensor> micro_scan_backward(const torch::Tensor& gd, const to
                                                const torch::Tensor& gz_last, const torch::Tensor& x,
                                                const torch::Tensor& s, const torch::Tensor& S0,
                                                const torch::Tensor& z0) {
-  check(gd, 4, "gd"), check(gS_last, 3, "gS_last"), check(gz_last, 2, "gz_last");
-  check(x, 4, "x"), check(s, 3, "s"), check(S0, 3, "S0"), check(z0, 2, "z0");
-  const int64_t B = x.size(0), L = x.size(1), H = x.size(2), D = x.size(3);
+  const auto n = zoo::sizes_of("micro_scan_backward", "x", x, 4);
+  const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
+  check_inputs("micro_scan_backward", x, s, S0, z0, B, L, H, D);
+  zoo::check_tensor("micro_scan_backward", "gd", gd, {B, L, H, D}, {at::kFloat});
+  zoo::check_tensor("micro_scan_backward", "gS_last", gS_last, {B, H, D}, {at::kFloat});
+  zoo::check_tensor("micro_scan_backward", "gz_last", gz_last, {B, H}, {at::kFloat});
   auto gx = torch::empty_like(x);
   auto gs = torch::empty_like(s);
   auto gS0 = gS_last.clone();

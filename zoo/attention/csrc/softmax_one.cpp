@@ -51,8 +51,11 @@ void softmax_one_row(const float* x, float* y, int64_t n) {
 }  // namespace
 
 torch::Tensor softmax_one_lastdim(const torch::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), "softmax_one_lastdim: expected a CPU tensor, got ", x.device());
-  TORCH_CHECK(x.dim() >= 1, "softmax_one_lastdim: expected at least one dimension");
+  TORCH_CHECK_VALUE(x.defined() && x.dim() >= 1, "softmax_one_lastdim: x must have at least one dimension");
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "softmax_one_lastdim: x must be a CPU tensor, got ", x.device());
+  const auto type = x.scalar_type();
+  TORCH_CHECK_VALUE(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf,
+                    "softmax_one_lastdim: x must be Float or BFloat16 or Half, got ", type);
   const auto input = x.contiguous();
   auto out = torch::empty_like(input);
   const int64_t n = input.size(-1);

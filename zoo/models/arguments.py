@@ -1,0 +1,100 @@
+"""Checks of the families' constructor arguments, and the parameter budget, both before anything is allocated.
+
+Configs come from JSON files, recipes and command lines. A size given as 1e9 (a float),
+a negative depth or a width in the billions is refused here with the argument's name and
+the accepted range, instead of being found by the allocator when the machine runs out of
+memory. The budget is counted exactly by building the model on PyTorch's meta device,
+where parameters have shapes but no storage.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import torch
+
+MAX_PARAMETERS = 10**9  # 4 GB of float32 weights; raise with max_parameters= or $ZOO_MAX_PARAMETERS
+MAX_SIZE = 2**31 - 1  # any one size (width, depth, length): products of two stay countable in int64
+
+
+def integer(value, name: str, owner: str, minimum: int = 1, maximum: int | None = MAX_SIZE) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner} {name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{owner} {name} must be {bound}, got {value}")
+    return int(value)
+
+
+def number(value, name: str, owner: str, minimum: float = 0.0, maximum: float = math.inf,
+           include_minimum: bool = True, include_maximum: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner} {name} must be a number, got {value!r} ({type(value).__name__})")
+    low_ok = value >= minimum if include_minimum else value > minimum
+    high_ok = value <= maximum if include_maximum else value < maximum
+    if not (math.isfinite(value) and low_ok and high_ok):
+        left, right = "[" if include_minimum else "(", "]" if include_maximum else ")"
+        raise ValueError(f"{owner} {name} must be a finite number in {left}{minimum}, {maximum}{right}, got {value}")
+    return float(value)
+
+
+def transformer_sizes(owner: str, embed_dim, depth, num_heads, mlp_ratio, drop_rate) -> tuple:
+    """The arguments every family shares, checked: (embed_dim, depth, num_heads, mlp_ratio, drop_rate)."""
+    return (integer(embed_dim, "embed_dim", owner), integer(depth, "depth", owner, 0),
+            integer(num_heads, "num_heads", owner),
+            number(mlp_ratio, "mlp_ratio", owner, include_minimum=False, maximum=1024.0),
+            number(drop_rate, "drop_rate", owner, maximum=1.0, include_maximum=False))
+
+
+def channel_stats(values, name: str, owner: str, channels: int, positive: bool = False) -> list[float]:
+    """mean or std: one finite number per input channel, or one for all (std > 0)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{owner} {name} must be a list of {channels} number(s), got {values!r}")
+    if len(values) not in (1, channels):
+        raise ValueError(f"{owner} {name} must have one value per input channel ({channels}) or one for all, "
+                         f"got {len(values)}")
+    low = 0.0 if positive else -math.inf
+    return [number(v, name, owner, low, include_minimum=not positive) for v in values]
+
+
+def label_names(names, num_classes: int, owner: str) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
+        raise TypeError(f"{owner} label_names must be a list of {num_classes} strings or None, got {names!r}")
+    if len(names) != num_classes or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{owner} label_names must be {num_classes} strings (one per class), got {len(names)} "
+                         f"item(s): {list(names)[:5]}")
+    return list(names)
+
+
+def parameter_count(cls: type, args: dict) -> int:
+    """The parameters `cls(**args)` would have, counted on the meta device (nothing allocated).
+
+    Blocks are alike, so a deep model is counted from depth 0 and depth 1 rather than built.
+    """
+    def count(**changes) -> int:
+        try:
+            with torch.device("meta"):
+                return sum(p.numel() for p in cls(**{**args, **changes}).parameters())
+        except (RuntimeError, OverflowError) as error:  # a size whose product overflows int64
+            raise ValueError(f"{cls.__name__}'s sizes are too large to allocate: {error}") from None
+
+    depth = args.get("depth")
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth <= 1:
+        return count()
+    base = count(depth=0)
+    return base + depth * (count(depth=1) - base)
+
+
+def check_budget(cls: type, args: dict, max_parameters: int | None = None) -> int:
+    """Refuse a configuration whose model exceeds the parameter limit; returns its parameter count."""
+    limit = max_parameters if max_parameters is not None else int(
+        float(os.environ.get("ZOO_MAX_PARAMETERS", MAX_PARAMETERS)))
+    count = parameter_count(cls, args)
+    if count > limit:
+        raise ValueError(f"{cls.__name__} with these arguments would have {count:,} parameters, more than the "
+                         f"limit of {limit:,}: pass max_parameters=... (or set ZOO_MAX_PARAMETERS) to allow it")
+    return count
