@@ -459,6 +459,10 @@ def test_masked_tokens_cannot_touch_real_ones(both_routes, mechanism, causal, ro
     real = mask if mechanism != "fused" else mask.any(-1)
     torch.testing.assert_close(y[real], clean[real], atol=1e-5, rtol=1e-5)
     assert (y[~real] == 0).all()  # padded tokens (and all-padding rows) give zeros
+    if mechanism == "fused":  # alpha too, as plots ask for it
+        alpha = layer.alpha(poisoned, key_padding_mask=mask)
+        torch.testing.assert_close(alpha, layer.alpha(other, key_padding_mask=mask), atol=1e-6, rtol=1e-5)
+        assert (alpha[~real] == 0).all() and (alpha.transpose(1, 2)[~mask] == 0).all()
 
 
 @pytest.mark.parametrize("mechanism", ["softmax", "quiet", "micro"])

@@ -229,12 +229,12 @@ def load_release(path, strict: bool = True, max_parameters: int | None = None, *
     names = args.get("label_names")
     if new_head and isinstance(names, list) and len(names) != overrides["num_classes"]:
         args["label_names"] = None  # the names of the old classifier's classes (timm passes them back in)
-    try:
+    try:  # the arguments come from config.json: say so in their errors
         check_budget(cls, args, max_parameters)
-        state = read_weights(files[WEIGHTS], path / WEIGHTS)
         model = cls(**args)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{path / CONFIG}: {e}") from None
+    state = read_weights(files[WEIGHTS], path / WEIGHTS)
     model.model_name = config.get("model_name")
     drop = ("head.",) if new_head else ()  # a new classifier, as timm does
     load_weights(model, state, path / WEIGHTS, strict=strict, drop_prefixes=drop)

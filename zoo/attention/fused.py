@@ -84,7 +84,7 @@ class FusedAttention(nn.Module):
         """The attention vector alpha (batch, heads, length), built from the full score matrix."""
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        return self._alpha(x, key_padding_mask)
+        return self._alpha(zero_padding(x, key_padding_mask), key_padding_mask)
 
     def _alpha(self, x, key_padding_mask):
         q, k = self._heads(self.f_q(x)), self._heads(self.f_k(x))
