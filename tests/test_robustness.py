@@ -543,6 +543,29 @@ def test_weights_of_the_wrong_kind_are_refused(release):
         zoo.load(release)
 
 
+def test_non_finite_weights_are_refused(release):
+    from safetensors.torch import load_file, save_file
+
+    weights = release / "model.safetensors"
+    state = load_file(str(weights))
+    for bad in (float("nan"), float("inf")):
+        damaged = state["norm.weight"].clone()
+        damaged[3] = bad
+        save_file({**state, "norm.weight": damaged}, str(weights))
+        with pytest.raises(ValueError, match="tensor 'norm.weight' holds NaN or infinite values"):
+            zoo.load(release)
+
+
+def test_text_is_never_written_onto_a_folder(tmp_path):
+    from zoo.atomic import write_text_atomic
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "kept").write_text("mine")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        write_text_atomic(tmp_path / "d", "text")
+    assert (tmp_path / "d" / "kept").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
 def test_non_strict_load_with_nothing_in_common_is_refused(release):
     from safetensors.torch import save_file
 

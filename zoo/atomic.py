@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import glob
 import hashlib
 import os
@@ -118,12 +119,18 @@ def replace_folder(path, fill: Callable[[Path], None], ours: Callable[[Path], bo
     return path
 
 
+@functools.cache
+def _renameat2():
+    """libc's renameat2, or None (not Linux, or glibc before 2.28)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap the names of two folders atomically (Linux renameat2); False where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:  # glibc before 2.28
+    renameat2 = _renameat2()
+    if renameat2 is None:
         return False
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:

@@ -154,7 +154,7 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 def read_weights(data: bytes, file: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, refused with a reason when it is truncated, not safetensors,
-    or holds anything but floating-point tensors (zoo's weights are all floating point)."""
+    or holds anything but finite floating-point tensors (zoo's weights are all floating point)."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -178,9 +178,14 @@ def read_weights(data: bytes, file: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}; zoo's weights are floating point "
                              f"({', '.join(FLOAT_DTYPES)}), and other types are never cast silently")
     try:
-        return load(data)
+        state = load(data)
     except SafetensorError as e:
         raise ValueError(f"{file} is not a valid safetensors file: {e}") from None
+    for name, tensor in state.items():  # a NaN weight makes every output NaN: say so at load, not later
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{file}: tensor {name!r} holds NaN or infinite values (a diverged or damaged "
+                             "checkpoint); zoo loads only finite weights")
+    return state
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path, strict: bool = True,

@@ -49,22 +49,25 @@ def check_heads(dim: int, heads: int, owner: str) -> int:
     return dim // heads
 
 
-def check_state_tensor(t, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                       owner: str) -> None:
-    """A carried decoding state must fit the new tokens exactly, on both the compiled and the eager
-    route: a state from another batch size or layer width would otherwise be read out of bounds."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{owner} state.{name} must be a torch.Tensor of shape {shape}, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{owner} state.{name} must have shape {tuple(shape)} for these tokens, got "
-                         f"{tuple(t.shape)}: pass the state this layer returned for the same batch")
-    if t.dtype != dtype:
-        raise ValueError(f"{owner} state.{name} must be {dtype} for {owner}'s input, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{owner} state.{name} must be on {device}, got {t.device}")
-
-
-def check_state_type(state, expected: type, owner: str) -> None:
-    if state is not None and not isinstance(state, expected):
+def check_state(state, expected: type, shapes: dict[str, tuple], dtype: torch.dtype, device: torch.device,
+                owner: str) -> None:
+    """A decoding state handed to `step` must be the kind the layer returns and fit the new tokens exactly
+    (`shapes`: field -> shape, None for a size of any value), on both the compiled and the eager route:
+    a state from another batch size or layer width would otherwise be read out of bounds."""
+    if state is None:
+        return
+    if not isinstance(state, expected):
         raise TypeError(f"{owner}.step expects state=None or the {expected.__name__} it returned, "
                         f"got {type(state).__name__}")
+    for name, shape in shapes.items():
+        t = getattr(state, name)
+        shown = tuple("any" if n is None else n for n in shape)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{owner} state.{name} must be a torch.Tensor of shape {shown}, got {type(t).__name__}")
+        if t.dim() != len(shape) or any(n is not None and n != m for n, m in zip(shape, t.shape)):
+            raise ValueError(f"{owner} state.{name} must have shape {shown} for these tokens, got "
+                             f"{tuple(t.shape)}: pass the state this layer returned for the same batch")
+        if t.dtype != dtype:
+            raise ValueError(f"{owner} state.{name} must be {dtype} for {owner}'s input, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{owner} state.{name} must be on {device}, got {t.device}")

@@ -46,8 +46,7 @@ from zoo.attention import blocks, native
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
-    check_state_tensor,
-    check_state_type,
+    check_state,
     check_tokens,
     zero_padding,
 )
@@ -150,18 +149,13 @@ class ElitaAttention(nn.Module):
 
     def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
         start = 0 if state is None else state.position
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"{type(self).__name__} state.position must be an int >= 0, got {start!r}")
         history, own, offset, values = self._terms(x, start)
         if key_padding_mask is not None:
             history = history.masked_fill(~key_padding_mask[..., None], _PAD_LOGIT)
-        b = x.shape[0]
         if state is None:  # nothing seen yet: a log-normalizer of _PAD_LOGIT carries no mass
+            b = x.shape[0]
             state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
                                history.new_zeros(b, self.heads, self.head_dim), 0)
-        owner = type(self).__name__
-        check_state_tensor(state.log_norm, "log_norm", (b, self.heads), history.dtype, history.device, owner)
-        check_state_tensor(state.mean, "mean", (b, self.heads, self.head_dim), history.dtype, history.device, owner)
         if native.for_tensor(values, (torch.float32, torch.bfloat16, torch.float16)) is not None:
             # the gated running mean y, and the last A and M (csrc/elita_scan.cpp)
             out, log_norm, mean = native.scan("elita_scan", history, own - offset, values, state.log_norm, state.mean)
@@ -187,8 +181,14 @@ class ElitaAttention(nn.Module):
 
     def step(self, x: torch.Tensor, state: ElitaState | None = None) -> tuple[torch.Tensor, ElitaState]:
         """Continue over new tokens x (batch, new, dim) from an O(1) state."""
-        check_tokens(x, self.dim, type(self).__name__)
-        check_state_type(state, ElitaState, type(self).__name__)
+        owner = type(self).__name__
+        check_tokens(x, self.dim, owner)
+        b, wide = x.shape[0], torch.promote_types(x.dtype, torch.float32)  # the log-space sums' dtype
+        check_state(state, ElitaState, {"log_norm": (b, self.heads), "mean": (b, self.heads, self.head_dim)},
+                    wide, x.device, owner)
+        if state is not None and (isinstance(state.position, bool) or not isinstance(state.position, int)
+                                  or state.position < 0):
+            raise ValueError(f"{owner} state.position must be an int >= 0, got {state.position!r}")
         return self._continue(x, state)
 
 

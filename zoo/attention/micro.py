@@ -37,8 +37,7 @@ from zoo.attention import blocks, native
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
-    check_state_tensor,
-    check_state_type,
+    check_state,
     check_tokens,
     zero_padding,
 )
@@ -81,13 +80,9 @@ class MicroAttention(nn.Module):
 
     def _continue(self, x, state: MicroState | None, key_padding_mask=None) -> tuple[torch.Tensor, MicroState]:
         scores, tokens = self._scores_and_tokens(x, key_padding_mask)
-        b = tokens.shape[0]
         if state is None:  # nothing seen yet: both sums are zero
+            b = tokens.shape[0]
             state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
-        owner = type(self).__name__
-        check_state_tensor(state.weighted_sum, "weighted_sum", (b, self.heads, self.head_dim), tokens.dtype,
-                           tokens.device, owner)
-        check_state_tensor(state.score_sum, "score_sum", (b, self.heads), tokens.dtype, tokens.device, owner)
         if native.for_tensor(tokens, (torch.float32,)) is not None:
             # x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums (csrc/micro_scan.cpp)
             diff, weighted_sum, score_sum = native.scan("micro_scan", tokens, scores, state.weighted_sum,
@@ -115,5 +110,7 @@ class MicroAttention(nn.Module):
         if not self.causal:
             raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
         check_tokens(x, self.dim, type(self).__name__)
-        check_state_type(state, MicroState, type(self).__name__)
+        b, wide = x.shape[0], torch.promote_types(x.dtype, torch.float32)  # the sums' dtype
+        check_state(state, MicroState, {"weighted_sum": (b, self.heads, self.head_dim), "score_sum": (b, self.heads)},
+                    wide, x.device, type(self).__name__)
         return self._continue(x, state)

@@ -18,8 +18,7 @@ from zoo.attention.attend import attend
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
-    check_state_tensor,
-    check_state_type,
+    check_state,
     check_tokens,
     zero_padding,
 )
@@ -103,15 +102,14 @@ class SoftmaxAttention(nn.Module):
             raise RuntimeError(f"{type(self).__name__}.step needs causal=True: a bidirectional layer has no cache")
         owner = type(self).__name__
         check_tokens(x, self.dim, owner)
-        check_state_type(state, KVCache, owner)
         q, k, v = self._split_heads(x)
+        cached = (x.shape[0], self.heads, None, self.head_dim)  # any number of cached tokens
+        check_state(state, KVCache, {"keys": cached, "values": cached}, k.dtype, k.device, owner)
+        if state is not None and state.keys.shape != state.values.shape:
+            raise ValueError(f"{owner} state.keys and state.values must have one shape, got "
+                             f"{tuple(state.keys.shape)} and {tuple(state.values.shape)}")
         start = 0
         if state is not None:
-            if not isinstance(state.keys, torch.Tensor) or state.keys.dim() != 4:
-                raise ValueError(f"{owner} state.keys must be a tensor (batch, heads, length, head_dim)")
-            cached = (q.shape[0], self.heads, state.keys.shape[2], self.head_dim)
-            check_state_tensor(state.keys, "keys", cached, k.dtype, k.device, owner)
-            check_state_tensor(state.values, "values", cached, v.dtype, v.device, owner)
             start = state.length
             k = torch.cat([state.keys, k], dim=-2)
             v = torch.cat([state.values, v], dim=-2)

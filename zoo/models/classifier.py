@@ -20,12 +20,10 @@ def _from_pil(image, channels: int) -> np.ndarray:
     to fit), or float32 (mode "F"); (H, W) or (C, H, W) with the model's channel count."""
     if image.mode in PIL_16_BIT or image.mode == "F":
         array = np.array(image)
-        if image.mode == "I":
-            if array.size and (array.min() < 0 or array.max() > 65535):
-                raise ValueError(f"a PIL image of mode 'I' is read as 16-bit pixels (0..65535), got values in "
-                                 f"[{array.min()}, {array.max()}]")
-            array = array.astype(np.uint16)
-        elif image.mode != "F":
+        if image.mode == "I" and array.size and (array.min() < 0 or array.max() > 65535):
+            raise ValueError(f"a PIL image of mode 'I' is read as 16-bit pixels (0..65535), got values in "
+                             f"[{array.min()}, {array.max()}]")
+        if image.mode != "F":
             array = array.astype(np.uint16)
         return array if channels == 1 else np.stack([array] * channels)
     if image.mode not in PIL_8_BIT:
@@ -45,6 +43,8 @@ def to_unit_range(x: torch.Tensor, pixels: bool = True) -> torch.Tensor:
         raise ValueError(f"expected real-valued pixels, got dtype {x.dtype}")
     if x.dtype == torch.bool:
         return x.float()
+    if x.dtype == torch.uint8:  # the common case, with nothing to check
+        return x.float() / 255.0
     if x.is_floating_point():
         x = x.float()
         if not bool(torch.isfinite(x).all()):
@@ -77,7 +77,7 @@ class Classifier:
         in [0, 1], while signals and volumes are taken at their value; anything else is refused.
         Images (two spatial dimensions) of another size are resized.
         """
-        original = inputs
+        images = len(self.input_shape) == 3 or _is_pil(inputs)  # pixels, which floats must give in [0, 1]
         if _is_pil(inputs):
             inputs = _from_pil(inputs, self.input_shape[0])
         if not torch.is_tensor(inputs):
@@ -88,7 +88,6 @@ class Classifier:
             if inputs.dtype == object or inputs.dtype.kind not in "biuf":
                 raise ValueError(f"{type(self).__name__} takes numbers (a PIL image, an array or a tensor), got an "
                                  f"array of {inputs.dtype}")
-        images = len(self.input_shape) == 3 or _is_pil(original)
         x = to_unit_range(torch.as_tensor(inputs), pixels=images)
         channels, size = self.input_shape[0], self.input_shape[1:]
         if x.dim() == len(size):
