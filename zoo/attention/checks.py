@@ -59,8 +59,11 @@ def check_state(state, expected: type, shapes: dict[str, tuple], dtype: torch.dt
     if not isinstance(state, expected):
         raise TypeError(f"{owner}.step expects state=None or the {expected.__name__} it returned, "
                         f"got {type(state).__name__}")
-    for name, shape in shapes.items():
+    for name, shape in shapes.items():  # `step` runs once a token: the passing path stays a few comparisons
         t = getattr(state, name)
+        if isinstance(t, torch.Tensor) and t.dtype == dtype and t.device == device and (
+                t.shape == shape or t.dim() == len(shape) and all(n in (None, m) for n, m in zip(shape, t.shape))):
+            continue
         shown = tuple("any" if n is None else n for n in shape)
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{owner} state.{name} must be a torch.Tensor of shape {shown}, got {type(t).__name__}")
@@ -69,5 +72,4 @@ def check_state(state, expected: type, shapes: dict[str, tuple], dtype: torch.dt
                              f"{tuple(t.shape)}: pass the state this layer returned for the same batch")
         if t.dtype != dtype:
             raise ValueError(f"{owner} state.{name} must be {dtype} for {owner}'s input, got {t.dtype}")
-        if t.device != device:
-            raise ValueError(f"{owner} state.{name} must be on {device}, got {t.device}")
+        raise ValueError(f"{owner} state.{name} must be on {device}, got {t.device}")
