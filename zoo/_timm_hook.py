@@ -10,41 +10,11 @@ import importlib.abc
 import importlib.util
 import sys
 
-_TIMM_ONLY_KWARGS = ("pretrained_cfg_overlay", "features_only", "pretrained_model_args")
-
-
-def _weights_source(name: str, pretrained_cfg) -> str:
-    """Where `timm.create_model(..., pretrained=True)` should take weights from: zoo.load's source."""
-    cfg = pretrained_cfg if isinstance(pretrained_cfg, dict) else getattr(pretrained_cfg, "__dict__", None) or {}
-    if cfg.get("source") == "hf-hub" and cfg.get("hf_hub_id"):
-        return f"hf-hub:{cfg['hf_hub_id']}"
-    if cfg.get("source") == "local-dir" and cfg.get("file"):
-        return cfg["file"]
-    return name  # the shipped checkpoint
-
 
 def register_with_timm() -> None:
-    from timm.models import is_model, register_model
+    from zoo.timm_models import register_with_timm
 
-    from zoo.registry import _entries, create
-    from zoo.release import load
-
-    for name, e in _entries().items():
-        if e.family != "image" or is_model(timm_name := name.replace("-", "_")):
-            continue
-
-        def entrypoint(pretrained: bool = False, pretrained_cfg=None, cache_dir=None, _name=name, **kwargs):
-            kwargs = {k: v for k, v in kwargs.items() if k not in _TIMM_ONLY_KWARGS}
-            if not pretrained:
-                return create(_name, **kwargs)
-            source = _weights_source(_name, pretrained_cfg)
-            hub = {"cache_dir": cache_dir} if source.startswith("hf-hub:") else {}
-            return load(source, **hub, **kwargs)
-
-        entrypoint.__name__ = timm_name
-        entrypoint.__module__ = "zoo.models.image_transformer"
-        entrypoint.__doc__ = f"zoo's {name}"
-        register_model(entrypoint)
+    register_with_timm()
 
 
 class _AfterTimmImport(importlib.abc.MetaPathFinder):

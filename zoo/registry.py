@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 
@@ -58,16 +60,27 @@ def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
     return [n for n in names if pretrained_tags(n)] if pretrained else names
 
 
-def create(name: str, *, max_parameters: int | None = None, **overrides) -> nn.Module:
+def create(name: str, *, max_parameters: int | None = None, device=None, dtype: torch.dtype | None = None,
+           **overrides) -> nn.Module:
     """A registered model with random weights; keyword arguments override its defaults.
 
+    The model is built on `device` (parameters are allocated there, not moved) and cast to `dtype`.
     A model above max_parameters (default 1e9, or $ZOO_MAX_PARAMETERS) is refused before it is allocated.
     """
-    from zoo.models.arguments import check_budget
-
     e = entry(name)
-    args = {**e.kwargs, **overrides}
-    check_budget(e.cls, args, max_parameters)
-    model = e.cls(**args)
+    model = build(e.cls, {**e.kwargs, **overrides}, max_parameters, device, dtype)
     model.model_name = name
     return model
+
+
+def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, device=None,
+          dtype: torch.dtype | None = None) -> nn.Module:
+    """cls(**args) within the parameter budget, made on `device` and cast to the floating-point `dtype`."""
+    from zoo.models.arguments import check_budget
+
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_budget(cls, args, max_parameters)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = cls(**args)
+    return model if dtype is None else model.to(dtype)

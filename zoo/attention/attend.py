@@ -18,6 +18,8 @@ PyTorch picks.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -31,6 +33,12 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def autocast_off(device: torch.device):
+    """A context that turns autocast off on `device`: for small projections whose input precision matters.
+    Autocast knows no meta device (timm builds and checks models there), and there is nothing to turn off."""
+    return torch.autocast(device.type, enabled=False) if device.type != "meta" else contextlib.nullcontext()
 
 
 def _prepend_zero(t: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import blocks, native
+from zoo.attention.attend import autocast_off
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
@@ -133,7 +134,7 @@ class ElitaAttention(nn.Module):
         wide = torch.promote_types(x.dtype, torch.float32)  # logits and sums in at least float32
         # The scalar keys are 3 * heads wide: run them in x's own precision even under
         # autocast (exponentiated logits want it, and a bf16 copy of x would be kept for the backward).
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device):
             keyed = F.linear(x, self.keys.flatten(0, 1).to(x.dtype)).to(wide).view(b, n, 3, self.heads)
         i = torch.arange(start, start + n, device=x.device, dtype=wide) / self.max_len
         # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
@@ -156,9 +157,9 @@ class ElitaAttention(nn.Module):
             b = x.shape[0]
             state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
                                history.new_zeros(b, self.heads, self.head_dim), 0)
-        if native.for_tensor(values, (torch.float32, torch.bfloat16, torch.float16)) is not None:
+        if native.usable(values, (torch.float32, torch.bfloat16, torch.float16)):
             # the gated running mean y, and the last A and M (csrc/elita_scan.cpp)
-            out, log_norm, mean = native.scan("elita_scan", history, own - offset, values, state.log_norm, state.mean)
+            out, log_norm, mean = native.elita_scan(history, own - offset, values, state.log_norm, state.mean)
         else:
             out, log_norm, mean = self._eager_mix(history, own - offset, values.to(history.dtype),
                                                   state.log_norm, state.mean)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention import blocks, native
+from zoo.attention.attend import autocast_off
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
@@ -66,7 +67,7 @@ class MicroAttention(nn.Module):
         wide = torch.promote_types(x.dtype, torch.float32)  # sums accumulate in at least float32
         # The score projection is only heads * num_queries wide: run it in x's own precision
         # even under autocast, where a bf16 copy of x would be made, and kept for the backward.
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device):
             logits = F.linear(x, self.queries.to(x.dtype))
         scores = F.relu(logits).to(wide).view(b, n, self.heads, self.num_queries).sum(-1)
         if key_padding_mask is not None:
@@ -83,10 +84,9 @@ class MicroAttention(nn.Module):
         if state is None:  # nothing seen yet: both sums are zero
             b = tokens.shape[0]
             state = MicroState(tokens.new_zeros(b, self.heads, self.head_dim), tokens.new_zeros(b, self.heads))
-        if native.for_tensor(tokens, (torch.float32,)) is not None:
+        if native.usable(tokens, (torch.float32,)):
             # x - (S0 + cumsum(s x)) / (z0 + cumsum(s)) and the final sums (csrc/micro_scan.cpp)
-            diff, weighted_sum, score_sum = native.scan("micro_scan", tokens, scores, state.weighted_sum,
-                                                        state.score_sum)
+            diff, weighted_sum, score_sum = native.micro_scan(tokens, scores, state.weighted_sum, state.score_sum)
             return self.proj(diff.flatten(-2).to(x.dtype)), MicroState(weighted_sum, score_sum)
         weighted_sum = (tokens * scores[..., None]).cumsum(1) + state.weighted_sum[:, None]
         score_sum = scores.cumsum(1) + state.score_sum[:, None]

@@ -6,8 +6,8 @@ takes about a minute and needs a C++ compiler and ninja. PyTorch caches the resu
 machine and torch version (under TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
 so later processes only load it. Without a compiler, or with ZOO_NATIVE=0, zoo warns
 once and stays on the eager paths. ZOO_NATIVE_SANITIZE=address builds a separate copy
-under AddressSanitizer, for `.ci/asan` (run Python with libasan preloaded). `scan` makes
-a scan's forward and backward kernels one autograd step.
+under AddressSanitizer, for `.ci/asan` (run Python with libasan preloaded). Below, each
+kernel becomes a PyTorch custom operator with its backward.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from torch.autograd.function import once_differentiable
 
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp", "elita_scan.cpp")]
@@ -71,29 +70,126 @@ def load() -> ModuleType | None:
         return None
 
 
+@torch.compiler.assume_constant_result
+def _built() -> bool:
+    return load() is not None
+
+
+def usable(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether the kernels take `t`: a CPU tensor of one of `dtypes`, where they could be built.
+    torch.compile takes the answer as a constant of the graph (it is one: the build happens once)."""
+    return t.device.type == "cpu" and t.dtype in dtypes and _built()
+
+
 def for_tensor(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> ModuleType | None:
     """The kernels, where `t` is a CPU tensor of one of `dtypes` and they could be built; else None."""
-    return load() if t.device.type == "cpu" and t.dtype in dtypes else None
+    return load() if usable(t, dtypes) else None
 
 
-class _Scan(torch.autograd.Function):
-    """A compiled scan as one autograd step: `<name>_forward(*inputs) -> outputs`, and
-    `<name>_backward(*grads of the outputs, *inputs) -> grads of the inputs`."""
-
-    @staticmethod
-    def forward(ctx, name, *inputs):
-        inputs = [t.contiguous() for t in inputs]
-        ctx.name = name
-        ctx.save_for_backward(*inputs)
-        return tuple(getattr(load(), f"{name}_forward")(*inputs))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        # autograd hands over zeros, never None, for outputs that were not used
-        return None, *getattr(load(), f"{ctx.name}_backward")(*[g.contiguous() for g in grads], *ctx.saved_tensors)
+# ---- the kernels as PyTorch operators ----------------------------------------------------------
+# Registered with torch.library, each with a fake (shape-only) implementation and its backward,
+# so that torch.compile and torch.export see one operator (zoo::micro_scan, ...) where they
+# would otherwise stop at an opaque extension call. `torch.library.opcheck` tests each.
 
 
-def scan(name: str, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Run the kernel pair `name` (micro_scan, elita_scan) on inputs, differentiably."""
-    return _Scan.apply(name, *inputs)
+def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.contiguous() for t in tensors]
+
+
+def _grad(grad: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The gradient of an output that was not used may come as None: zeros for the kernels."""
+    return like.new_zeros(like.shape, dtype=dtype or like.dtype) if grad is None else grad.contiguous()
+
+
+@torch.library.custom_op("zoo::softmax_one", mutates_args=())
+def softmax_one(x: torch.Tensor) -> torch.Tensor:
+    """exp(x_i) / (1 + sum_j exp(x_j)) along the last dimension (float32, bfloat16 or float16 on the CPU)."""
+    return load().softmax_one_lastdim(x.contiguous())
+
+
+@softmax_one.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _softmax_one_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return torch._softmax_backward_data(grad, y, -1, y.dtype)  # softmax's form: y * (g - sum(g * y))
+
+
+softmax_one.register_autograd(_softmax_one_backward,
+                              setup_context=lambda ctx, inputs, output: ctx.save_for_backward(output))
+
+
+@torch.library.custom_op("zoo::micro_scan", mutates_args=())
+def micro_scan(x: torch.Tensor, s: torch.Tensor, S0: torch.Tensor, z0: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MicroAttention's causal running mean (csrc/micro_scan.cpp): x (B, L, H, D), scores s (B, L, H) and
+    the carried sums S0 (B, H, D), z0 (B, H) -> x - mean (B, L, H, D), and the last sums S_L, z_L."""
+    d, S, z = load().micro_scan_forward(*_contiguous(x, s, S0, z0))
+    return d, S, z
+
+
+@micro_scan.register_fake
+def _(x, s, S0, z0):
+    return torch.empty_like(x), torch.empty_like(S0), torch.empty_like(z0)
+
+
+@torch.library.custom_op("zoo::micro_scan_backward", mutates_args=())
+def micro_scan_backward(gd: torch.Tensor, gS: torch.Tensor, gz: torch.Tensor, x: torch.Tensor, s: torch.Tensor,
+                        S0: torch.Tensor, z0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+    gx, gs, gS0, gz0 = load().micro_scan_backward(*_contiguous(gd, gS, gz, x, s, S0, z0))
+    return gx, gs, gS0, gz0
+
+
+@micro_scan_backward.register_fake
+def _(gd, gS, gz, x, s, S0, z0):
+    return torch.empty_like(x), torch.empty_like(s), torch.empty_like(S0), torch.empty_like(z0)
+
+
+def _micro_scan_grads(ctx, gd, gS, gz):
+    x, s, S0, z0 = ctx.saved_tensors
+    return micro_scan_backward(_grad(gd, x), _grad(gS, S0), _grad(gz, z0), x, s, S0, z0)
+
+
+micro_scan.register_autograd(_micro_scan_grads,
+                             setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+
+@torch.library.custom_op("zoo::elita_scan", mutates_args=())
+def elita_scan(l: torch.Tensor, r: torch.Tensor, v: torch.Tensor, A0: torch.Tensor, M0: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ELiTA's gated running mean (csrc/elita_scan.cpp): history logits l and gate logits r (B, L, H), values
+    v (B, L, H, D; float32, bf16 or fp16), the carried A0 (B, H), M0 (B, H, D) -> y (B, L, H, D) in float32,
+    and the last A_L, M_L."""
+    y, A, M = load().elita_scan_forward(*_contiguous(l, r, v, A0, M0))
+    return y, A, M
+
+
+@elita_scan.register_fake
+def _(l, r, v, A0, M0):
+    return torch.empty(v.shape, dtype=torch.float32, device=v.device), torch.empty_like(A0), torch.empty_like(M0)
+
+
+@torch.library.custom_op("zoo::elita_scan_backward", mutates_args=())
+def elita_scan_backward(gy: torch.Tensor, gA: torch.Tensor, gM: torch.Tensor, l: torch.Tensor, r: torch.Tensor,
+                        v: torch.Tensor, A0: torch.Tensor, M0: torch.Tensor) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gl, gr, gv, gA0, gM0 = load().elita_scan_backward(*_contiguous(gy, gA, gM, l, r, v, A0, M0))
+    return gl, gr, gv, gA0, gM0
+
+
+@elita_scan_backward.register_fake
+def _(gy, gA, gM, l, r, v, A0, M0):
+    return (torch.empty_like(l), torch.empty_like(r), torch.empty_like(v), torch.empty_like(A0),
+            torch.empty_like(M0))
+
+
+def _elita_scan_grads(ctx, gy, gA, gM):
+    l, r, v, A0, M0 = ctx.saved_tensors
+    return elita_scan_backward(_grad(gy, v, torch.float32), _grad(gA, A0), _grad(gM, M0), l, r, v, A0, M0)
+
+
+elita_scan.register_autograd(_elita_scan_grads,
+                             setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))

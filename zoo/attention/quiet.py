@@ -25,15 +25,6 @@ from zoo.attention import native
 from zoo.attention.softmax import SoftmaxAttention
 
 
-def _forward(x: torch.Tensor, dim: int) -> torch.Tensor:
-    kernels = native.for_tensor(x, (torch.float32, torch.bfloat16, torch.float16))
-    if kernels is None:
-        return _forward_eager(x, dim)
-    if dim == x.dim() - 1:
-        return kernels.softmax_one_lastdim(x)
-    return kernels.softmax_one_lastdim(x.movedim(dim, -1)).movedim(-1, dim)
-
-
 def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     y = torch.softmax(x, dim)
     wide = torch.promote_types(x.dtype, torch.float32)  # bf16 and fp16 work in float32
@@ -49,10 +40,12 @@ def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     return y.mul_(torch.sigmoid(log_sum).to(y.dtype))
 
 
-class _SoftmaxOne(torch.autograd.Function):
+class _SoftmaxOneEager(torch.autograd.Function):
+    """The eager route with softmax's backward: its forward works in place on softmax's output."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        y = _forward(x, dim)
+        y = _forward_eager(x, dim)
         ctx.dim = dim
         ctx.save_for_backward(y)
         return y
@@ -62,6 +55,9 @@ class _SoftmaxOne(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         (y,) = ctx.saved_tensors
         return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
+
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -75,9 +71,15 @@ def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     dim = dim % x.dim()
     if x.shape[dim] == 0:
         return x.clone()
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _SoftmaxOne.apply(x, dim)
-    return _forward(x, dim)  # the autograd wrapper costs tens of microseconds a call
+    needs_grad = torch.is_grad_enabled() and x.requires_grad
+    if not native.usable(x, KERNEL_DTYPES):
+        return _SoftmaxOneEager.apply(x, dim) if needs_grad else _forward_eager(x, dim)
+    last = x.movedim(dim, -1)
+    if needs_grad or torch.compiler.is_compiling():
+        y = native.softmax_one(last)  # the operator, which autograd and the compilers see
+    else:
+        y = native.load().softmax_one_lastdim(last)  # the operator's dispatch costs tens of microseconds a call
+    return y.movedim(-1, dim)
 
 
 class QuietAttention(SoftmaxAttention):

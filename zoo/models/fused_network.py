@@ -19,15 +19,18 @@ import torch
 from torch import nn
 
 from zoo.attention import FusedAttention
-from zoo.models.arguments import channel_stats, integer, transformer_sizes
+from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
 from zoo.models.arguments import label_names as check_label_names
+from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
-from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
+from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
 
 
-class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
+class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
+    embedding_level = True  # two blocks in the tiny models: the embedded patches are feature level 0
+
     def __init__(
         self,
         input_size: tuple[int, ...] = (40,),
@@ -46,6 +49,8 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
         fuse: str = "mean",
         patch_output: bool = False,
         drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        final_norm: bool = True,
         mean: tuple[float, ...] = (0.0,),
         std: tuple[float, ...] = (1.0,),
         label_names: list[str] | None = None,
@@ -57,10 +62,11 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
                 raise TypeError(f"{owner} {name} must be a list of integers (one per dimension), got {value!r}")
         input_size = tuple(integer(w, "input_size", owner) for w in input_size)
         patch_size = tuple(integer(w, "patch_size", owner) for w in patch_size)
-        in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner)
+        in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner, 0)
         collection = integer(collection, "collection", owner, 0)
         embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
+        drop_path_rate = number(drop_path_rate, "drop_path_rate", owner, maximum=1.0, include_maximum=False)
         mean = channel_stats(mean, "mean", owner, in_chans)
         std = channel_stats(std, "std", owner, in_chans, positive=True)
         label_names = check_label_names(label_names, num_classes, owner)
@@ -77,11 +83,12 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
             input_size=list(input_size), patch_size=list(patch_size), in_chans=in_chans, num_classes=num_classes,
             collection=collection, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
             attention=attention, mlp=mlp, pos_embed=pos_embed, norm=norm, fuse=fuse, patch_output=patch_output,
-            drop_rate=drop_rate, mean=list(mean), std=list(std), label_names=label_names,
+            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=bool(final_norm), mean=list(mean),
+            std=list(std), label_names=label_names,
         )
         self.input_size, self.patch_size, self.in_chans = input_size, patch_size, in_chans
         self.collection, self.num_classes, self.embed_dim = collection, num_classes, embed_dim
-        self.grid = tuple(w // p for w, p in zip(input_size, patch_size))
+        self.grid = None if collection else tuple(w // p for w, p in zip(input_size, patch_size))
         self.num_tokens = collection or math.prod(self.grid)
         patch_numel = in_chans * math.prod(patch_size)
 
@@ -94,15 +101,16 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
             self.pos_embed = None
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, attention, mlp=mlp, mlp_ratio=mlp_ratio, max_len=self.num_tokens,
-                  dropout=drop_rate)
-            for _ in range(depth)
+                  dropout=drop_rate, drop_path=rate)
+            for rate in drop_path_rates(drop_path_rate, depth)
         ])
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         g_v = nn.Linear(embed_dim, patch_numel) if patch_output else None
         self.pool = FusedAttention(embed_dim, heads=num_heads, norm=norm, fuse=fuse, g_v=g_v)
-        self.num_features = patch_numel if patch_output else embed_dim
+        self.num_features = embed_dim  # the tokens' width; the pooled vector's is head_hidden_size
+        self._pooled_size = patch_numel if patch_output else embed_dim
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes)
+        self.head = nn.Linear(self._pooled_size, num_classes) if num_classes else nn.Identity()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -112,6 +120,10 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
     def expected_shape(self) -> tuple[int, ...]:
         item = (self.in_chans, *self.input_size)
         return (self.collection, *item) if self.collection else item
+
+    @property
+    def head_hidden_size(self) -> int:
+        return self._pooled_size
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed"}
@@ -129,15 +141,17 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
         window_axes = [3 + 2 * i for i in range(n)]
         return x.permute(0, *grid_axes, 1, *window_axes).reshape(b, self.num_tokens, -1)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Input (batch, C, W1..Wn) or a collection (batch, items, C, W1..Wn) -> tokens (batch, L, embed_dim)."""
         if tuple(x.shape[1:]) != self.expected_shape:
             names = "(batch, items, channels, widths...)" if self.collection else "(batch, channels, widths...)"
             raise ValueError(f"{type(self).__name__} expects input {names} = (batch, "
                              f"{', '.join(map(str, self.expected_shape))}), got {tuple(x.shape)}")
         x = self.patch_embed(self.patchify(x))
-        if self.pos_embed is not None:
-            x = x + self.pos_embed
-        return self.norm(self.blocks(x))
+        return x if self.pos_embed is None else x + self.pos_embed
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.run_blocks(self.embed_tokens(x)))
 
     def pooled(self, x: torch.Tensor, return_alpha: bool = False):
         """g_V(V alpha): (B, embed_dim), or (B, C, p1..pn) with patch_output; optionally alpha (B, heads, L)."""
@@ -152,9 +166,13 @@ class FusedAttentionNetwork(Classifier, Releasable, nn.Module):
         _, alpha = self.pooled(x, return_alpha=True)
         return alpha if self.collection else alpha.view(alpha.shape[0], alpha.shape[1], *self.grid)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.head_drop(self.pooled(x).flatten(1)))
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens from forward_features -> the pooled vector (flattened; pre_logits) or the logits."""
+        x = self.head_drop(self.pool(x))
+        return x if pre_logits else self.head(x)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0)
 register("fused-1d-tiny", "fused", FusedAttentionNetwork, input_size=(40,), patch_size=(4,), **TINY)

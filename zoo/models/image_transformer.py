@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import FusedAttention
-from zoo.models.arguments import channel_stats, integer, transformer_sizes
+from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
 from zoo.models.arguments import label_names as check_label_names
+from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
-from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding_2d
+from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
 from zoo.registry import register
 from zoo.release import Releasable
 
 POOLS = ("token", "avg", "fused")
 
 
-class ImageTransformer(Classifier, Releasable, nn.Module):
+class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
     def __init__(
         self,
         img_size: int = 28,
@@ -40,6 +40,8 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
         learned_bias: bool = False,
         global_pool: str = "token",
         drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        final_norm: bool = True,
         mean: tuple[float, ...] = (0.5,),
         std: tuple[float, ...] = (0.5,),
         label_names: list[str] | None = None,
@@ -50,6 +52,7 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
         in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner, 0)
         embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
+        drop_path_rate = number(drop_path_rate, "drop_path_rate", owner, maximum=1.0, include_maximum=False)
         mean = channel_stats(mean, "mean", owner, in_chans)
         std = channel_stats(std, "std", owner, in_chans, positive=True)
         label_names = check_label_names(label_names, num_classes, owner)
@@ -62,12 +65,13 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention,
             mlp=mlp, pos_embed=pos_embed, learned_bias=learned_bias, global_pool=global_pool,
-            drop_rate=drop_rate, mean=list(mean), std=list(std), label_names=label_names,
+            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=bool(final_norm), mean=list(mean),
+            std=list(std), label_names=label_names,
         )
         self.img_size, self.in_chans, self.global_pool = img_size, in_chans, global_pool
         self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
-        self.grad_checkpointing = False
         grid = img_size // patch_size
+        self.grid, self.patch_size = (grid, grid), (patch_size, patch_size)
         self.num_prefix_tokens = 1 if global_pool == "token" else 0
         num_tokens = grid * grid + self.num_prefix_tokens
 
@@ -83,45 +87,31 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
             self.pos_embed = None
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, attention, causal=False, mlp=mlp, mlp_ratio=mlp_ratio,
-                  max_len=num_tokens, learned_bias=learned_bias, dropout=drop_rate)
-            for _ in range(depth)
+                  max_len=num_tokens, learned_bias=learned_bias, dropout=drop_rate, drop_path=rate)
+            for rate in drop_path_rates(drop_path_rate, depth)
         ])
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.pool = FusedAttention(embed_dim, heads=num_heads) if global_pool == "fused" else None
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     @property
-    def pretrained_cfg(self) -> dict:
-        c = self.config
-        return {
-            "input_size": (c["in_chans"], c["img_size"], c["img_size"]),
-            "mean": tuple(c["mean"]), "std": tuple(c["std"]),
-            "num_classes": self.num_classes, "classifier": "head", "first_conv": "patch_embed",
-            "label_names": c["label_names"],
-        }
-
-    @property
     def input_shape(self) -> tuple[int, ...]:
         return (self.in_chans, self.img_size, self.img_size)
+
+    @property
+    def head_hidden_size(self) -> int:
+        return self.embed_dim
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+    def _check_global_pool(self, global_pool: str | None) -> None:
         if global_pool is not None and global_pool != self.global_pool:
             raise ValueError(f"global_pool is fixed at build time ({self.global_pool!r}), got {global_pool!r}")
-        self.num_classes = self.config["num_classes"] = num_classes
-        self.config["label_names"] = None
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (batch, C, H, W) -> tokens with their positions (batch, prefix + patches, embed_dim)."""
         expected = (self.in_chans, self.img_size, self.img_size)
         if x.dim() != 4 or tuple(x.shape[1:]) != expected:
             raise ValueError(f"{type(self).__name__} expects images of shape (batch, {', '.join(map(str, expected))}),"
@@ -131,9 +121,10 @@ class ImageTransformer(Classifier, Releasable, nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
             x = x + self.pos_embed
-        for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False) if self.grad_checkpointing and self.training else block(x)
-        return self.norm(x)
+        return x
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.run_blocks(self.embed_tokens(x)))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "token":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -32,6 +33,29 @@ def sincos_encoding_2d(height: int, width: int, dim: int) -> torch.Tensor:
     return torch.cat([rows, cols], dim=-1).reshape(height * width, dim)
 
 
+def take_indices(count: int, indices: int | Sequence[int] | None, owner: str) -> tuple[list[int], int]:
+    """Which of `count` blocks `forward_intermediates` returns, by timm's convention: None for all, an int n
+    for the last n, a sequence for those blocks (negative ones counted from the end); and the last of them."""
+    if indices is None:
+        indices = count
+    if isinstance(indices, int):
+        if not 0 < indices <= count:
+            raise ValueError(f"{owner} has {count} blocks; indices={indices} asks for the last {indices}")
+        take = list(range(count - indices, count))
+    else:
+        take = [int(i) + count if int(i) < 0 else int(i) for i in indices]
+        if not take or not all(0 <= i < count for i in take):
+            raise ValueError(f"{owner} has {count} blocks (indices 0..{count - 1} or -{count}..-1), "
+                             f"got indices={list(indices)}")
+    return take, max(take)
+
+
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic depth rising linearly from 0 at the first block to `rate` at the last, as timm's
+    `calculate_drop_path_rates` (computed in Python: models are also built on the meta device)."""
+    return [rate * i / max(depth - 1, 1) for i in range(depth)]
+
+
 def check_choice(value, choices, what: str, owner: str):
     if value not in choices:
         raise ValueError(f"{owner} {what} must be one of {list(choices)}, got {value!r}")
@@ -58,6 +82,7 @@ class Block(nn.Module):
         max_len: int | None = None,
         learned_bias: bool = False,
         dropout: float = 0.0,
+        drop_path: float = 0.0,
     ):
         super().__init__()
         check_choice(mlp, MLPS, "mlp", "Block")
@@ -72,10 +97,15 @@ class Block(nn.Module):
         self.attn = build(attention, dim, heads=heads, causal=causal, **extra)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, mlp_ratio, dropout) if mlp == "mlp" else FeedForward2(dim)
+        self.drop_path = nn.Identity()
+        if drop_path > 0:  # stochastic depth: timm's DropPath, imported only where it is used
+            from timm.layers import DropPath
+
+            self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), key_padding_mask=key_padding_mask)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.drop_path(self.attn(self.norm1(x), key_padding_mask=key_padding_mask))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def step(self, x: torch.Tensor, state=None):
         y, state = self.attn.step(self.norm1(x), state)

@@ -80,7 +80,10 @@ class TextTransformer(Releasable, nn.Module):
         if self.pos_kind == "learned" and stop > self.context_length:
             raise ValueError(f"{type(self).__name__} has learned positions for {self.context_length} tokens, "
                              f"got {stop}")
-        if idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+        if torch.compiler.is_compiling():  # a compiled or exported graph checks the ids when it runs
+            torch._assert_async(((idx >= 0) & (idx < self.vocab_size)).all(),
+                                f"token ids must lie in [0, {self.vocab_size})")
+        elif idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
         x = self.tok_embed(idx)
         if self.pos_kind == "learned":

@@ -1,0 +1,126 @@
+"""zoo's image models in timm's registry, with a pretrained config for every shipped checkpoint.
+
+`timm.create_model("micro_vit_tiny.fashion", pretrained=True)` goes through timm's own
+builder (`build_model_with_cfg`): timm resolves the pretrained config of the tag, passes
+its factory keywords (device, dtype, in_chans, num_classes, drop_rate, drop_path_rate,
+features_only, out_indices, pretrained_cfg_overlay, ...), loads the safetensors weights
+(adapting the first layer to another channel count and dropping the classifier for
+another class count) and wraps the model for `features_only=True`. Each checkpoint's
+config describes exactly how its inputs were prepared in training (zoo's `data_cfg`):
+its size, mean and std, and crop_pct=1.0, as no crop was used.
+
+This module imports timm; `zoo/_timm_hook.py` imports it once timm itself is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+from timm.models import build_model_with_cfg, generate_default_cfgs, is_model, register_model
+from timm.models._manipulate import adapt_input_conv
+from timm.models._pretrained import PretrainedCfg
+from timm.models._registry import get_pretrained_cfg
+
+from zoo.models.fused_network import FusedAttentionNetwork
+from zoo.registry import Entry, _entries, build
+from zoo.release import CONFIG, WEIGHTS, checkpoint_folder, pretrained_tags, read_config
+
+default_cfgs: dict = {}  # timm's register_model reads the configs of an entrypoint's module from here
+
+
+def timm_name(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def _is_image_model(e: Entry) -> bool:
+    """Image classifiers that timm's data pipeline can feed: the ViTs, and FusedAttention networks on 2-D images."""
+    if e.family == "image":
+        return True
+    return e.family == "fused" and len(e.kwargs.get("input_size", ())) == 2 and not e.kwargs.get("collection")
+
+
+def _cfg(e: Entry, args: dict, weights: Path | None) -> dict:
+    with torch.device("meta"):  # the config describes the model; nothing need be allocated
+        model = e.cls(**args)
+    cfg = {k: v for k, v in model.data_cfg().items() if v is not None}
+    return {**cfg, "file": str(weights)} if weights else cfg
+
+
+def _pretrained_cfgs(e: Entry) -> dict[str, dict]:
+    """'arch.tag' -> config for each shipped checkpoint (the default tag first); 'arch' alone if none is shipped."""
+    tags = sorted(pretrained_tags(e.name), key=lambda tag: tag != e.default_tag)
+    if not tags:
+        return {timm_name(e.name): _cfg(e, e.kwargs, None)}
+    cfgs = {}
+    for tag in tags:
+        folder = checkpoint_folder(f"{e.name}.{tag}")
+        args = json.loads((folder / CONFIG).read_text())["args"]
+        cfgs[f"{timm_name(e.name)}.{tag}"] = _cfg(e, args, folder / WEIGHTS)
+    return cfgs
+
+
+def _build(cls: type, device=None, dtype=None, **kwargs):
+    return build(cls, kwargs, device=device, dtype=dtype)
+
+
+def _adapt_patch_embed(state_dict: dict, model) -> dict:
+    """A FusedAttentionNetwork embeds patches with a linear map over (C, p1, p2): for another channel
+    count, adapt it as timm adapts a first convolution (timm's own adaptation handles only Conv2d)."""
+    weight = state_dict.get("patch_embed.weight")
+    if not isinstance(model, FusedAttentionNetwork) or weight is None:
+        return state_dict
+    if weight.shape != model.patch_embed.weight.shape:
+        patch = model.patch_size
+        stored = weight.shape[1] // (patch[0] * patch[1])
+        adapted = adapt_input_conv(model.in_chans, weight.view(weight.shape[0], stored, *patch), base_chans=stored)
+        state_dict["patch_embed.weight"] = adapted.flatten(1)
+    return state_dict
+
+
+def _entrypoint(e: Entry):
+    arch = timm_name(e.name)
+
+    def create(pretrained: bool = False, pretrained_cfg=None, pretrained_cfg_overlay=None, cache_dir=None, **kwargs):
+        cfg = pretrained_cfg
+        if not isinstance(cfg, (dict, PretrainedCfg)):  # a tag, or None for the default one
+            cfg = get_pretrained_cfg(f"{arch}.{cfg}" if cfg else arch)
+        cfg = cfg if isinstance(cfg, dict) else cfg.to_dict()
+        cfg = {**cfg, **(pretrained_cfg_overlay or {})}
+        args = dict(e.kwargs)
+        if pretrained:
+            if not (cfg.get("file") or cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("state_dict")):
+                tags = [t for t in default_cfgs[arch].tags if t]
+                hint = f"its tags are {tags}" if tags else "pretrained=False builds it with random weights"
+                raise ValueError(f"{arch} has no pretrained weights in this config; {hint}")
+            release = Path(cfg["file"]).parent if cfg.get("file") else None
+            if release is not None and (release / CONFIG).is_file():  # the checkpoint's own arguments
+                args.update(read_config((release / CONFIG).read_bytes(), release / CONFIG)["args"])
+        args.update(kwargs)
+        names = args.get("label_names")
+        if isinstance(names, (list, tuple)) and "num_classes" in args and len(names) != args["num_classes"]:
+            args["label_names"] = None  # they name the stored classifier's classes, which timm replaces
+        model = build_model_with_cfg(
+            functools.partial(_build, e.cls), arch, pretrained,
+            pretrained_cfg=cfg, feature_cfg={"feature_cls": "getter", "out_indices": args.pop("out_indices", 3)},
+            pretrained_filter_fn=_adapt_patch_embed, cache_dir=cache_dir, **args,
+        )
+        if hasattr(model, "save_pretrained"):  # not timm's features_only wrapper
+            model.model_name = e.name
+        return model
+
+    create.__name__ = arch
+    create.__qualname__ = arch
+    create.__doc__ = f"zoo's {e.name} ({e.cls.__name__}, attention={e.attention})"
+    return create
+
+
+def register_with_timm() -> None:
+    """Register every image model and its pretrained configs with timm (once; timm names use '_' for '-')."""
+    for e in _entries().values():
+        if not _is_image_model(e) or is_model(timm_name(e.name)):
+            continue
+        default_cfgs.update(generate_default_cfgs(_pretrained_cfgs(e)))
+        register_model(_entrypoint(e))
