@@ -59,11 +59,12 @@ _PAD_LOGIT = -1e30
 
 @dataclass
 class ElitaState:
-    """log sum_j X_j (batch, heads), the running mean M (batch, heads, head_dim) and the next position."""
+    """log sum_j X_j (batch, heads), the running mean M (batch, heads, head_dim) and the next position
+    (an int; a 0-d tensor in an exported decoding step)."""
 
     log_norm: torch.Tensor
     mean: torch.Tensor
-    position: int
+    position: int | torch.Tensor
 
 
 def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -136,7 +137,7 @@ class ElitaAttention(nn.Module):
         # autocast (exponentiated logits want it, and a bf16 copy of x would be kept for the backward).
         with autocast_off(x.device):
             keyed = F.linear(x, self.keys.flatten(0, 1).to(x.dtype)).to(wide).view(b, n, 3, self.heads)
-        i = torch.arange(start, start + n, device=x.device, dtype=wide) / self.max_len
+        i = (torch.arange(n, device=x.device, dtype=wide) + start) / self.max_len  # start: an int or a 0-d tensor
         # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
         # over long sequences, where sin's own range reduction costs 3-5x more per element.
         turns = i[:, None, None, None] * (self.freq.to(wide) / (2 * math.pi))  # (L, 2, H, P)
@@ -187,9 +188,11 @@ class ElitaAttention(nn.Module):
         b, wide = x.shape[0], torch.promote_types(x.dtype, torch.float32)  # the log-space sums' dtype
         check_state(state, ElitaState, {"log_norm": (b, self.heads), "mean": (b, self.heads, self.head_dim)},
                     wide, x.device, owner)
-        if state is not None and (isinstance(state.position, bool) or not isinstance(state.position, int)
-                                  or state.position < 0):
-            raise ValueError(f"{owner} state.position must be an int >= 0, got {state.position!r}")
+        position = None if state is None else state.position
+        traced = isinstance(position, torch.Tensor) and position.dim() == 0 and not position.is_floating_point()
+        if state is not None and not traced and (isinstance(position, bool) or not isinstance(position, int)
+                                                 or position < 0):
+            raise ValueError(f"{owner} state.position must be an int >= 0 (or a 0-d integer tensor), got {position!r}")
         return self._continue(x, state)
 
 

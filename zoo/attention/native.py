@@ -12,6 +12,7 @@ kernel becomes a PyTorch custom operator with its backward.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -75,10 +76,25 @@ def _built() -> bool:
     return load() is not None
 
 
+_eager_only = False
+
+
+@contextlib.contextmanager
+def eager_routes():
+    """Within this context the eager routes run even where the kernels could: for exporters that
+    translate PyTorch's own operators but not zoo's (ONNX)."""
+    global _eager_only
+    before, _eager_only = _eager_only, True
+    try:
+        yield
+    finally:
+        _eager_only = before
+
+
 def usable(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
     """Whether the kernels take `t`: a CPU tensor of one of `dtypes`, where they could be built.
     torch.compile takes the answer as a constant of the graph (it is one: the build happens once)."""
-    return t.device.type == "cpu" and t.dtype in dtypes and _built()
+    return not _eager_only and t.device.type == "cpu" and t.dtype in dtypes and _built()
 
 
 def for_tensor(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> ModuleType | None:

@@ -14,9 +14,10 @@ MLPS = ("mlp", "ffn2")
 POSITIONS = ("learned", "sincos", "none")
 
 
-def sincos_encoding(length: int, dim: int) -> torch.Tensor:
-    """The fixed sine-cosine position encoding of "Attention Is All You Need", (length, dim)."""
-    position = torch.arange(length, dtype=torch.float64)[:, None]
+def sincos_encoding(length: int, dim: int, start: int | torch.Tensor = 0) -> torch.Tensor:
+    """The fixed sine-cosine position encoding of "Attention Is All You Need" at positions start..start +
+    length - 1, (length, dim)."""
+    position = (torch.arange(length, dtype=torch.float64) + start)[:, None]
     freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
     table = torch.zeros(length, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(position * freq)

@@ -72,24 +72,34 @@ class TextTransformer(Releasable, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "tok_embed.weight"}
 
-    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """Token and position embeddings of idx (batch, length) at positions start, start + 1, ...; `start`
+        may be a 0-d integer tensor, as in the exported decoding step (zoo/models/decoding.py)."""
         if idx.dim() != 2 or idx.is_floating_point():
             raise ValueError(f"{type(self).__name__} expects integer token ids of shape (batch, length), "
                              f"got {tuple(idx.shape)} {idx.dtype}")
         stop = start + idx.shape[1]
-        if self.pos_kind == "learned" and stop > self.context_length:
-            raise ValueError(f"{type(self).__name__} has learned positions for {self.context_length} tokens, "
-                             f"got {stop}")
         if torch.compiler.is_compiling():  # a compiled or exported graph checks the ids when it runs
             torch._assert_async(((idx >= 0) & (idx < self.vocab_size)).all(),
                                 f"token ids must lie in [0, {self.vocab_size})")
-        elif idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
+            if self.pos_kind == "learned":
+                message = f"{type(self).__name__} has learned positions for {self.context_length} tokens"
+                if isinstance(stop, torch.Tensor):
+                    torch._assert_async(stop <= self.context_length, message)
+                else:  # a symbolic length
+                    torch._check(stop <= self.context_length, lambda: message)
+        else:
+            if self.pos_kind == "learned" and stop > self.context_length:
+                raise ValueError(f"{type(self).__name__} has learned positions for {self.context_length} tokens, "
+                                 f"got {int(stop)}")
+            if idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
         x = self.tok_embed(idx)
         if self.pos_kind == "learned":
-            x = x + self.pos_embed[start:stop]
+            x = x + (self.pos_embed[start:stop] if isinstance(start, int) else
+                     self.pos_embed[torch.arange(idx.shape[1], device=idx.device) + start])
         elif self.pos_kind == "sincos":
-            x = x + sincos_encoding(stop, x.shape[-1])[start:].to(x)
+            x = x + sincos_encoding(idx.shape[1], x.shape[-1], start).to(x)
         return self.drop(x)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -99,13 +109,14 @@ class TextTransformer(Releasable, nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 
-    def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int = 0):
+    def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int | torch.Tensor = 0):
         """Logits for new tokens given every block's state; returns (logits, states)."""
         if states is not None and (not isinstance(states, (list, tuple)) or len(states) != len(self.blocks)):
             got = f"{len(states)} states" if isinstance(states, (list, tuple)) else type(states).__name__
             raise ValueError(f"{type(self).__name__}.forward_step expects None or the list of {len(self.blocks)} "
                              f"block states it returned, got {got}")
-        integer(start, "forward_step start", type(self).__name__, 0)
+        if not isinstance(start, torch.Tensor):  # a tensor position is the exported step's (decoding.py)
+            integer(start, "forward_step start", type(self).__name__, 0)
         x = self._embed(idx, start)
         states = states or [None] * len(self.blocks)
         new_states = []

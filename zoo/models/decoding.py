@@ -1,0 +1,117 @@
+"""A text model's decoding as two tensor programs, for torch.export and ONNX: prefill and step.
+
+    prefill(ids)                     -> logits, position, *state
+    step(ids, position, *state)      -> logits, position, *state
+
+ids are (batch, length) token ids; position is a 0-d int64 tensor (the number of tokens seen);
+state is every block's decoding state as plain tensors, in block order:
+    softmax, quiet:  keys, values         (batch, heads, tokens seen, head_dim) each: the KV cache
+    micro:           weighted_sum, score_sum   (batch, heads, head_dim), (batch, heads)
+    elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
+Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `greedy`
+decodes with any pair of such callables (exported programs, ONNX Runtime sessions) exactly as
+`generate(temperature=0)` does, window included, with no model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from zoo.attention.elita import ElitaState
+from zoo.attention.micro import MicroState
+from zoo.attention.softmax import KVCache
+
+STATE_FIELDS = {"softmax": ("keys", "values"), "quiet": ("keys", "values"),
+                "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean")}
+
+
+def state_names(model) -> list[str]:
+    fields = STATE_FIELDS[model.config["attention"]]
+    return [f"block{i}.{f}" for i in range(len(model.blocks)) for f in fields]
+
+
+def flatten_states(states: list) -> list[torch.Tensor]:
+    return [getattr(s, f) for s in states for f in STATE_FIELDS[_kind(s)]]
+
+
+def _kind(state) -> str:
+    return {KVCache: "softmax", MicroState: "micro", ElitaState: "elita"}[type(state)]
+
+
+def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list:
+    a, b = tensors[0::2], tensors[1::2]
+    kind = model.config["attention"]
+    if kind in ("softmax", "quiet"):
+        return [KVCache(k, v) for k, v in zip(a, b)]
+    if kind == "micro":
+        return [MicroState(s, z) for s, z in zip(a, b)]
+    return [ElitaState(n, m, position) for n, m in zip(a, b)]
+
+
+class Prefill(nn.Module):
+    """ids (batch, length) -> logits (batch, length, vocab), position, *state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor):
+        logits, states = self.model.forward_step(ids)
+        position = torch.full((), ids.shape[1], dtype=torch.int64, device=ids.device)
+        return logits, position, *flatten_states(states)
+
+
+class Step(nn.Module):
+    """ids (batch, new), position, *state -> logits (batch, new, vocab), position + new, *state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, position: torch.Tensor, *state: torch.Tensor):
+        states = unflatten_states(self.model, position, state)
+        logits, states = self.model.forward_step(ids, states, position)
+        return logits, position + ids.shape[1], *flatten_states(states)
+
+
+def example_inputs(model, batch: int = 2, length: int = 8) -> tuple[tuple, tuple]:
+    """Inputs of prefill and step (a one-token step after `length` tokens) to trace them with."""
+    ids = torch.randint(0, model.vocab_size, (batch, length))
+    with torch.no_grad():
+        _, position, *state = Prefill(model)(ids)
+    return (ids,), (ids[:, -1:], position, *state)
+
+
+def dynamic_shapes(model, prefill: bool):
+    """torch.export's dynamic dimensions: batch and length, and the KV cache's length in a step."""
+    from torch.export import Dim
+
+    batch = Dim("batch", min=1, max=4096)
+    learned = model.pos_kind == "learned"
+    length = Dim("length", min=1, max=model.context_length if learned else 1 << 20)
+    if prefill:
+        return ({0: batch, 1: length},)
+    cached = Dim("cached", min=1, max=model.context_length - 1 if learned else 1 << 20)
+    per_block = {"softmax": ({0: batch, 2: cached}, {0: batch, 2: cached}),
+                 "micro": ({0: batch}, {0: batch}), "elita": ({0: batch}, {0: batch})}
+    kind = "softmax" if model.config["attention"] == "quiet" else model.config["attention"]
+    return ({0: batch}, None, per_block[kind] * len(model.blocks))  # the state: Step.forward's *state
+
+
+def greedy(prefill: Callable, step: Callable, ids: torch.Tensor, max_new_tokens: int,
+           window: int | None = None) -> torch.Tensor:
+    """Greedy decoding with two tensor programs, token for token what `generate(temperature=0)` does:
+    past `window` tokens (learned positions), the last `window` are run through prefill again."""
+    out = ids
+    logits, position, *state = prefill(ids[:, -window:] if window else ids)
+    for _ in range(max_new_tokens):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        out = torch.cat([out, nxt], dim=1)
+        if window and int(position) >= window:
+            logits, position, *state = prefill(out[:, -window:])
+        else:
+            logits, position, *state = step(nxt, position, *state)
+    return out
