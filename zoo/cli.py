@@ -3,6 +3,7 @@
     zoo fit --config recipes/quickstart.yaml
     zoo models 'micro-*'
     zoo export runs/.../checkpoints/best.ckpt out/my-model [--config recipe.yaml]
+    zoo export micro-vit-tiny.mnist out/micro-vit-onnx --format onnx
     zoo push checkpoints/micro-vit-tiny.mnist --repo my-org/micro-vit-tiny-mnist
     zoo check micro-vit-tiny.mnist --data-root ../shared/data
     zoo generate micro-gpt-tiny.shakespeare --prompt "ROMEO:"
@@ -84,18 +85,53 @@ def models_command(argv: list[str]) -> None:
 
 
 def export_command(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="zoo export", description="A Lightning checkpoint to a release folder.")
-    parser.add_argument("checkpoint")
+    parser = argparse.ArgumentParser(
+        prog="zoo export", description="A Lightning checkpoint, or any model zoo.load reads, to a release "
+                                       "folder (safetensors, config.json, card) or to ONNX graphs checked in ONNX "
+                                       "Runtime.")
+    parser.add_argument("source", help="a Lightning checkpoint (.ckpt), or a name[.tag], a release folder or "
+                                       "hf-hub:org/repo")
     parser.add_argument("outdir")
-    parser.add_argument("--config", help="the recipe it was trained with: measure test metrics for the card")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it already holds a release "
-                                                                 "folder (anything else is never replaced)")
+    parser.add_argument("--format", choices=("release", "onnx"), default="release",
+                        help="release: a release folder (default); onnx: model.onnx (and prefill.onnx and "
+                             "step.onnx for text models), checked against PyTorch in ONNX Runtime")
+    parser.add_argument("--config", help="the recipe a checkpoint was trained with: measure test metrics for the "
+                                         "card")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it already holds a folder of "
+                                                                 "the same format (anything else is never replaced)")
     args = parser.parse_args(argv)
 
-    from zoo.training.export import export_checkpoint
+    if args.format == "release" and Path(args.source).is_file():
+        from zoo.training.export import export_checkpoint
 
-    path, metrics = export_checkpoint(args.checkpoint, args.outdir, args.config, overwrite=args.overwrite)
-    print(f"exported {path}" + (f" with {metrics}" if metrics else ""))
+        path, metrics = export_checkpoint(args.source, args.outdir, args.config, overwrite=args.overwrite)
+        print(f"exported {path}" + (f" with {metrics}" if metrics else ""))
+        return
+    if args.config:
+        raise ValueError("--config measures a checkpoint's metrics for a release folder's card; it has no use here")
+    if Path(args.source).is_file():
+        from zoo.training.export import read_task
+
+        model = read_task(args.source).model
+    else:
+        import zoo
+
+        model = zoo.load(args.source)
+    if args.format == "release":
+        from zoo.atomic import check_replaceable
+        from zoo.release import is_release_folder
+
+        check_replaceable(args.outdir, is_release_folder, "release folder", args.overwrite)
+        print(f"exported {model.save_pretrained(args.outdir, overwrite=args.overwrite)}")
+        return
+    from zoo.onnx_export import export_onnx, is_onnx_folder
+    from zoo.training.export import check_export_path
+
+    check_export_path(args.outdir, {"the model it exports": args.source}, args.overwrite, is_onnx_folder,
+                      "ONNX export folder")
+    path, diffs = export_onnx(model, args.outdir, overwrite=args.overwrite, source=args.source)
+    checks = ", ".join(f"{name} {diff:.2e}" for name, diff in diffs.items())
+    print(f"exported {path}: largest absolute difference from PyTorch in ONNX Runtime: {checks}")
 
 
 def push_command(argv: list[str]) -> None:

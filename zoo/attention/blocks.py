@@ -18,6 +18,8 @@ BLOCK = 4096
 def scan(step, x: torch.Tensor, key_padding_mask: torch.Tensor | None):
     """Run `step(block, state, mask) -> (out, state)` over BLOCK-token pieces of x, carrying
     the state from each to the next (None into the first); the outputs joined along length."""
+    if x.shape[1] <= BLOCK:  # one piece (and a graph that torch.export can trace for lengths up to BLOCK)
+        return step(x, None, key_padding_mask)[0]
     # split, not slicing: the backward of each slice would write a zero tensor the size of x
     blocks = x.split(BLOCK, 1)
     masks = [None] * len(blocks) if key_padding_mask is None else key_padding_mask.split(BLOCK, 1)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from zoo.attention.blocks import BLOCK
 from zoo.attention.elita import ElitaState
 from zoo.attention.micro import MicroState
 from zoo.attention.softmax import KVCache
@@ -90,8 +91,10 @@ def dynamic_shapes(model, prefill: bool):
     from torch.export import Dim
 
     batch = Dim("batch", min=1, max=4096)
+    # Learned positions end at context_length. Without them a traced graph takes up to BLOCK tokens
+    # at once: micro and elita run longer inputs in BLOCK-token pieces, a loop a graph does not hold.
     learned = model.pos_kind == "learned"
-    length = Dim("length", min=1, max=model.context_length if learned else 1 << 20)
+    length = Dim("length", min=1, max=model.context_length if learned else BLOCK)
     if prefill:
         return ({0: batch, 1: length},)
     cached = Dim("cached", min=1, max=model.context_length - 1 if learned else 1 << 20)

@@ -83,18 +83,29 @@ class ExportRelease(L.Callback):
             print(f"pushed to {push(path, self.push_to, private=self.private)}")
 
 
-def check_export_path(outdir, keep: dict[str, str | None], overwrite: bool = True) -> None:
+def check_export_path(outdir, keep: dict[str, str | None], overwrite: bool = True, ours=is_release_folder,
+                      what: str = "release folder") -> None:
     """Refuse, before any work, an export folder that is, or holds, what the run or the export reads or
-    writes (`keep`: what -> path), or anything else that is not a release folder."""
+    writes (`keep`: what -> path), or anything else that is not a folder of that kind (`ours`)."""
     out = Path(outdir).resolve()
-    for what, other in keep.items():
+    for kept, other in keep.items():
         if other is None:
             continue
         other = Path(other).resolve()
         if out == other or out in other.parents:  # replacing `out` would take `other` with it
-            raise ValueError(f"the export folder {outdir} overlaps {what} ({other}): writing the release there "
+            raise ValueError(f"the export folder {outdir} overlaps {kept} ({other}): writing the export there "
                              "would replace what the run keeps; choose a separate export folder")
-    check_replaceable(outdir, is_release_folder, "release folder", overwrite)
+    check_replaceable(outdir, ours, what, overwrite)
+
+
+def read_task(checkpoint) -> L.LightningModule:
+    """The task in a zoo Lightning checkpoint (our own file, read with weights_only)."""
+    from zoo.training import task_class
+
+    hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+    if "model_name" not in hparams:
+        raise ValueError(f"{checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
+    return task_class(hparams["model_name"]).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
 
 
 def export_checkpoint(checkpoint, outdir, config: str | None = None, overwrite: bool = True) -> tuple[Path, dict]:
@@ -105,16 +116,11 @@ def export_checkpoint(checkpoint, outdir, config: str | None = None, overwrite: 
     """
     from tqdm import tqdm
 
-    from zoo.training import task_class
-
     if not Path(checkpoint).is_file():
         raise FileNotFoundError(f"no checkpoint file at {checkpoint}")
     check_export_path(outdir, {"the checkpoint it exports": checkpoint}, overwrite)
     steps = tqdm(total=3, desc="export", unit="step")
-    hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
-    if "model_name" not in hparams:
-        raise ValueError(f"{checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
-    task = task_class(hparams["model_name"]).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    task = read_task(checkpoint)
     steps.update()
     if config:
         import yaml

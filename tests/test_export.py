@@ -1,0 +1,250 @@
+"""The models through PyTorch's compilers and exporters, and `zoo export --format onnx`.
+
+Every registered model compiles with fullgraph=True (forward, and a training step's gradients)
+and exports with torch.export with a dynamic batch (and length for text), each equal to eager
+within 1e-5 in float32. The compiled kernels are custom operators that pass torch.library.opcheck.
+Text models decode from two exported programs (and from ONNX Runtime sessions) to the tokens
+`generate` gives. The default run compiles with the aot_eager backend (dynamo's graph capture
+and AOT autograd, the parts that break on a graph break or a missing fake implementation);
+inductor's code generation takes about 15 s a model and runs for two models here, for all
+in the slow set.
+"""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from zoo.attention import native
+from zoo.models import decoding
+
+NAMES = zoo.list_models()
+CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.release.pretrained_tags(n)]
+TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.registry.entry(c.split(".")[0]).family == "text"]
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+def example(model, batch: int, length: int = 16) -> torch.Tensor:
+    if hasattr(model, "vocab_size"):
+        return torch.randint(0, model.vocab_size, (batch, length))
+    return torch.randn(batch, *getattr(model, "expected_shape", model.input_shape))
+
+
+def needs_kernels():
+    if native.load() is None:
+        pytest.skip("the compiled kernels could not be built here")
+
+
+# ---- the kernels as custom operators ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_softmax_one(dtype):
+    needs_kernels()
+    x = (torch.randn(3, 5, 17) * 4).to(dtype).requires_grad_()
+    torch.library.opcheck(native.softmax_one, (x,))
+
+
+def test_opcheck_micro_scan():
+    needs_kernels()
+    b, n, h, d = 2, 9, 3, 4
+    args = (torch.randn(b, n, h, d), torch.rand(b, n, h), torch.randn(b, h, d), torch.rand(b, h))
+    torch.library.opcheck(native.micro_scan, tuple(a.requires_grad_() for a in args))
+
+
+@pytest.mark.parametrize("value_dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_elita_scan(value_dtype):
+    needs_kernels()
+    b, n, h, d = 2, 9, 3, 4
+    v = torch.randn(b, n, h, d).to(value_dtype)
+    args = (torch.randn(b, n, h), torch.randn(b, n, h), v, torch.randn(b, h), torch.randn(b, h, d))
+    torch.library.opcheck(native.elita_scan, tuple(a.requires_grad_() for a in args))
+
+
+def test_ops_match_the_eager_routes():
+    """The operators give the eager routes' numbers and gradients (the references of test_attention.py)."""
+    needs_kernels()
+    from zoo.attention.quiet import _forward_eager
+
+    x = torch.randn(4, 33, dtype=torch.float64) * 3
+    torch.testing.assert_close(native.softmax_one(x.float()), _forward_eager(x, -1).float(), rtol=1e-5, atol=1e-7)
+    model = zoo.create("micro-gpt-tiny").eval()
+    ids = example(model, 2, 40)
+    fast = model(ids)
+    with native.eager_routes():
+        eager = model(ids)
+    torch.testing.assert_close(fast, eager, **TOLERANCE)
+
+
+# ---- torch.compile --------------------------------------------------------------------------------
+
+
+def compiled_equals_eager(name: str, backend: str) -> None:
+    torch._dynamo.reset()
+    model = zoo.create(name)
+    x = example(model, 3)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **TOLERANCE)
+    model.train()
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        run(x).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for eager, comp in zip(*grads):
+        torch.testing.assert_close(comp, eager, **TOLERANCE)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_fullgraph_forward_and_training_step(name):
+    compiled_equals_eager(name, "aot_eager")
+
+
+@pytest.mark.parametrize("name", ["micro-gpt-tiny", "elita-gpt-tiny"])
+def test_inductor_compiles_the_custom_operators(name):
+    compiled_equals_eager(name, "inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_inductor_every_model(name):
+    compiled_equals_eager(name, "inductor")
+
+
+# ---- torch.export ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_export_with_dynamic_batch_and_length(name):
+    model = zoo.create(name).eval()
+    text = hasattr(model, "vocab_size")
+    dynamic = decoding.dynamic_shapes(model, True) if text else ({0: torch.export.Dim("batch", max=4096)},)
+    program = torch.export.export(model, (example(model, 2),), dynamic_shapes=dynamic)
+    for batch, length in ((1, 5), (5, 23)):  # neither the traced batch nor the traced length
+        x = example(model, batch, length)
+        torch.testing.assert_close(program.module()(x), model(x), **TOLERANCE)
+    ops = {str(n.target) for n in program.graph.nodes}
+    if name in ("micro-gpt-tiny", "elita-gpt-tiny") and native.load() is not None:
+        assert f"zoo.{name.split('-')[0]}_scan.default" in ops  # the kernel is one operator of the graph
+    if text:  # the token-id check travels in the graph
+        with pytest.raises(RuntimeError, match="token ids must lie in"):
+            program.module()(torch.full((1, 3), model.vocab_size))
+
+
+@pytest.mark.parametrize("name", TEXT_CHECKPOINTS)
+def test_exported_decoding_gives_generates_tokens(name):
+    """prefill and step, exported, decode greedily to generate's tokens, through the learned positions'
+    window (80 new tokens on a context of 64) and with a batch of prompts."""
+    model = zoo.load(name)
+    prefill_in, step_in = decoding.example_inputs(model)
+    prefill = torch.export.export(decoding.Prefill(model).eval(), prefill_in,
+                                  dynamic_shapes=decoding.dynamic_shapes(model, True))
+    step = torch.export.export(decoding.Step(model).eval(), step_in,
+                               dynamic_shapes=decoding.dynamic_shapes(model, False))
+    prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: "), model.tokenizer.encode("JULIET:")])
+    window = model.context_length if model.pos_kind == "learned" else None
+    got = decoding.greedy(prefill.module(), step.module(), prompt, 80, window)
+    assert torch.equal(got, model.generate(prompt, 80, temperature=0))
+
+
+# ---- ONNX ---------------------------------------------------------------------------------------
+
+
+def zoo_export(*args) -> str:
+    from zoo.cli import main
+
+    main(["export", *map(str, args)])
+
+
+def ort_greedy(folder, prompt, max_new_tokens, window):
+    import onnxruntime as ort
+
+    sessions = {n: ort.InferenceSession(str(folder / f"{n}.onnx"), providers=["CPUExecutionProvider"])
+                for n in ("prefill", "step")}
+
+    def program(name):
+        session = sessions[name]
+
+        def run(*inputs):
+            feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+            return [torch.as_tensor(o) for o in session.run(None, feed)]
+        return run
+
+    return decoding.greedy(program("prefill"), program("step"), prompt, max_new_tokens, window)
+
+
+def check_onnx_folder(name, folder, capsys):
+    config = json.loads((folder / "config.json").read_text())
+    out = capsys.readouterr().out
+    assert config["format"] == "onnx" and config["opset"] == 18 and "largest absolute difference" in out
+    assert all(f["max_abs_diff"] <= 1e-4 for f in config["files"].values())
+    model = zoo.load(name)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = example(model, 7, 30)  # another batch size (and length) than the export traced and checked
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4, rtol=0)
+    if hasattr(model, "vocab_size"):
+        assert config["tokenizer"] == model.config["tokenizer"]
+        prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: "), model.tokenizer.encode("JULIET:")])
+        window = model.context_length if model.pos_kind == "learned" else None
+        assert torch.equal(ort_greedy(folder, prompt, 80, window), model.generate(prompt, 80, temperature=0))
+    else:
+        assert config["preprocessing"]["mean"] == model.config["mean"]
+        assert config["label_names"] == model.config["label_names"]
+
+
+@pytest.mark.parametrize("name", ["vit-tiny.mnist", "micro-gpt-tiny.shakespeare", "gpt-tiny.shakespeare"])
+def test_zoo_export_onnx(name, tmp_path, capsys):
+    zoo_export(name, tmp_path / "out", "--format", "onnx")
+    check_onnx_folder(name, tmp_path / "out", capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_zoo_export_onnx_every_checkpoint(name, tmp_path, capsys):
+    zoo_export(name, tmp_path / "out", "--format", "onnx")
+    check_onnx_folder(name, tmp_path / "out", capsys)
+
+
+def test_zoo_export_onnx_refusals(tmp_path, monkeypatch, capsys):
+    import contextlib
+
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit) as exit_:  # an unknown format lists the known ones
+        main(["export", "vit-tiny.mnist", str(tmp_path / "x"), "--format", "tflite"])
+    assert exit_.value.code == 2 and "choose from 'release', 'onnx'" in capsys.readouterr().err
+    # an operation the exporter cannot translate is named, and nothing is left in OUTDIR
+    monkeypatch.setattr(native, "eager_routes", contextlib.nullcontext)
+    if native.load() is not None:
+        with pytest.raises(SystemExit, match=r"could not translate TextTransformer: it stopped at zoo::micro_scan"):
+            main(["export", "micro-gpt-tiny.shakespeare", str(tmp_path / "y"), "--format", "onnx"])
+        assert not (tmp_path / "y").exists() and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    # a check that fails writes nothing either, and an existing export is replaced only with --overwrite
+    from zoo.onnx_export import export_onnx
+
+    with pytest.raises(ValueError, match="more than the tolerance"):
+        export_onnx(zoo.load("vit-tiny.mnist"), tmp_path / "z", tolerance=0.0)
+    assert list(tmp_path.iterdir()) == []
+    zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx")
+    with pytest.raises(SystemExit, match="--overwrite"):
+        zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx")
+    zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx", "--overwrite")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(SystemExit, match="not a zoo ONNX export folder"):
+        zoo_export("vit-tiny.mnist", tmp_path / "mine", "--format", "onnx", "--overwrite")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(SystemExit, match="has no use here"):
+            zoo_export("vit-tiny.mnist", tmp_path / "w", "--format", "onnx", "--config", "recipes/vit-tiny.mnist.yaml")
