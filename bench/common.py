@@ -34,14 +34,22 @@ def timeit(fn, min_time: float = 1.0, max_reps: int = 20) -> float:
 
 def timeit_pair(baseline, candidate, rounds: int = 200, min_time: float = 1.0) -> tuple[float, float]:
     """Median seconds per call of two functions timed in alternation, so drift hits both alike."""
-    baseline(), candidate()
-    a, b = [], []
-    while len(a) < 5 or (len(a) < rounds and sum(a) + sum(b) < min_time):
-        for fn, times in ((baseline, a), (candidate, b)):
+    a, b = timeit_rotation([baseline, candidate], rounds, min_time)
+    return a, b
+
+
+def timeit_rotation(fns, rounds: int = 200, min_time: float = 1.0) -> list[float]:
+    """Median seconds per call of each function, timed in turn round after round (after one warm-up call
+    each), so drift hits all alike."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    while len(times[0]) < 5 or (len(times[0]) < rounds and sum(map(sum, times)) < min_time):
+        for fn, record in zip(fns, times):
             start = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(a), statistics.median(b)
+            record.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def peak_rss_mb() -> float:
@@ -71,6 +79,17 @@ def machine() -> dict:
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide which kernels are fast here (from /proc/cpuinfo; empty elsewhere)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in wanted if flag in flags]
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:

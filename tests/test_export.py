@@ -125,7 +125,7 @@ def test_export_with_dynamic_batch_and_length(name):
     text = hasattr(model, "vocab_size")
     dynamic = decoding.dynamic_shapes(model, True) if text else ({0: torch.export.Dim("batch", max=4096)},)
     program = torch.export.export(model, (example(model, 2),), dynamic_shapes=dynamic)
-    for batch, length in ((1, 5), (5, 23)):  # neither the traced batch nor the traced length
+    for batch, length in ((1, 5), (5, 100)):  # neither the traced batch nor the traced length
         x = example(model, batch, length)
         torch.testing.assert_close(program.module()(x), model(x), **TOLERANCE)
     ops = {str(n.target) for n in program.graph.nodes}
@@ -141,11 +141,7 @@ def test_exported_decoding_gives_generates_tokens(name):
     """prefill and step, exported, decode greedily to generate's tokens, through the learned positions'
     window (80 new tokens on a context of 64) and with a batch of prompts."""
     model = zoo.load(name)
-    prefill_in, step_in = decoding.example_inputs(model)
-    prefill = torch.export.export(decoding.Prefill(model).eval(), prefill_in,
-                                  dynamic_shapes=decoding.dynamic_shapes(model, True))
-    step = torch.export.export(decoding.Step(model).eval(), step_in,
-                               dynamic_shapes=decoding.dynamic_shapes(model, False))
+    prefill, step = decoding.export(model)
     prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: "), model.tokenizer.encode("JULIET:")])
     window = model.context_length if model.pos_kind == "learned" else None
     got = decoding.greedy(prefill.module(), step.module(), prompt, 80, window)
@@ -187,7 +183,9 @@ def check_onnx_folder(name, folder, capsys):
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    x = example(model, 7, 30)  # another batch size (and length) than the export traced and checked
+    text = hasattr(model, "vocab_size")
+    length = model.context_length if text and model.pos_kind == "learned" else 130
+    x = example(model, 7, length)  # another batch size (and length) than the export traced and checked
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     with torch.no_grad():
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4, rtol=0)
@@ -248,3 +246,16 @@ def test_zoo_export_onnx_refusals(tmp_path, monkeypatch, capsys):
         warnings.simplefilter("ignore")
         with pytest.raises(SystemExit, match="has no use here"):
             zoo_export("vit-tiny.mnist", tmp_path / "w", "--format", "onnx", "--config", "recipes/vit-tiny.mnist.yaml")
+
+
+@pytest.mark.slow
+def test_aot_compiled_step_decodes_generates_tokens(tmp_path):
+    """The exported step compiled ahead of time (AOTInductor, what bench/deploy.py times) decodes to
+    generate's tokens too."""
+    model = zoo.load("micro-gpt-tiny.shakespeare")
+    prefill, step = decoding.export(model, eager_routes=True)
+    package = torch._inductor.aoti_compile_and_package(step, package_path=str(tmp_path / "step.pt2"))
+    compiled_step = torch._inductor.aoti_load_package(package)
+    prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: ")])
+    got = decoding.greedy(prefill.module(), compiled_step, prompt, 60)
+    assert torch.equal(got, model.generate(prompt, 60, temperature=0))

@@ -19,10 +19,11 @@ import torch
 
 import zoo
 from tests.conftest import data_root
-from zoo.timm_models import _is_image_model, timm_name
+from zoo.registry import in_timm
+from zoo.timm_models import timm_name
 
 TIMM_TESTS = Path(os.environ.get("ZOO_TIMM_TESTS", Path.home() / ".cache" / "zoo" / f"timm-{timm.__version__}-tests"))
-ZOO_ENTRIES = [e for e in zoo.registry._entries().values() if _is_image_model(e)]
+ZOO_ENTRIES = [e for e in zoo.registry._entries().values() if in_timm(e)]
 NAMES = [timm_name(e.name) for e in ZOO_ENTRIES]
 TAGGED = [f"{timm_name(n)}.{t}" for n in (e.name for e in ZOO_ENTRIES) for t in zoo.release.pretrained_tags(n)]
 
@@ -236,3 +237,14 @@ def test_pretrained_first_layer_adapted_to_three_channels(name):
     rgb = timm.create_model(name, pretrained=True, in_chans=3).eval()
     x = torch.rand(2, 1, 28, 28)
     torch.testing.assert_close(rgb(x.expand(-1, 3, -1, -1)), gray(x), rtol=1e-4, atol=1e-5)
+
+
+def test_pretrained_cfg_overlay_takes_another_file():
+    """timm's pretrained_cfg_overlay points the default config at other weights: the Fashion checkpoint's,
+    whose own config.json then gives the model its preprocessing and label names."""
+    fashion = zoo.release.checkpoint_folder("vit-tiny.fashion") / "model.safetensors"
+    model = timm.create_model("vit_tiny", pretrained=True, pretrained_cfg_overlay={"file": str(fashion)}).eval()
+    reference = zoo.load("vit-tiny.fashion")
+    x = torch.rand(2, 1, 28, 28)
+    torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+    assert model.config["label_names"] == reference.config["label_names"]

@@ -101,6 +101,9 @@ def export_command(argv: list[str]) -> None:
                                                                  "the same format (anything else is never replaced)")
     args = parser.parse_args(argv)
 
+    looks_like_a_path = "/" in args.source or args.source.endswith(".ckpt")
+    if looks_like_a_path and not args.source.startswith("hf-hub:") and not Path(args.source).exists():
+        raise FileNotFoundError(f"no checkpoint file at {args.source} (nor a release folder)")
     if args.format == "release" and Path(args.source).is_file():
         from zoo.training.export import export_checkpoint
 
@@ -109,26 +112,22 @@ def export_command(argv: list[str]) -> None:
         return
     if args.config:
         raise ValueError("--config measures a checkpoint's metrics for a release folder's card; it has no use here")
-    if Path(args.source).is_file():
-        from zoo.training.export import read_task
+    from zoo.onnx_export import export_onnx, is_onnx_folder
+    from zoo.release import is_release_folder
+    from zoo.training.export import check_export_path, read_task
 
+    ours, what = (is_onnx_folder, "ONNX export folder") if args.format == "onnx" else (is_release_folder,
+                                                                                        "release folder")
+    check_export_path(args.outdir, {"the model it exports": args.source}, args.overwrite, ours, what)
+    if Path(args.source).is_file():
         model = read_task(args.source).model
     else:
         import zoo
 
         model = zoo.load(args.source)
     if args.format == "release":
-        from zoo.atomic import check_replaceable
-        from zoo.release import is_release_folder
-
-        check_replaceable(args.outdir, is_release_folder, "release folder", args.overwrite)
         print(f"exported {model.save_pretrained(args.outdir, overwrite=args.overwrite)}")
         return
-    from zoo.onnx_export import export_onnx, is_onnx_folder
-    from zoo.training.export import check_export_path
-
-    check_export_path(args.outdir, {"the model it exports": args.source}, args.overwrite, is_onnx_folder,
-                      "ONNX export folder")
     path, diffs = export_onnx(model, args.outdir, overwrite=args.overwrite, source=args.source)
     checks = ", ".join(f"{name} {diff:.2e}" for name, diff in diffs.items())
     print(f"exported {path}: largest absolute difference from PyTorch in ONNX Runtime: {checks}")

@@ -24,6 +24,14 @@ class Entry:
         return self.kwargs.get("attention", "softmax")
 
 
+def in_timm(e: Entry) -> bool:
+    """Image classifiers that timm's data pipeline can feed, registered with timm (zoo/timm_models.py):
+    the ViTs, and FusedAttention networks on 2-D images."""
+    if e.family == "image":
+        return True
+    return e.family == "fused" and len(e.kwargs.get("input_size", ())) == 2 and not e.kwargs.get("collection")
+
+
 _ENTRIES: dict[str, Entry] = {}
 ARCHITECTURES: dict[str, type[nn.Module]] = {}
 

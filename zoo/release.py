@@ -59,15 +59,18 @@ def _config_json(model: nn.Module, extra: dict | None) -> dict:
         "model_name": getattr(model, "model_name", None),
         "args": model.config,
     }
-    cfg = getattr(model, "pretrained_cfg", None)
-    if cfg is not None and config["model_name"]:
+    from zoo.registry import _entries, in_timm
+
+    e = _entries().get(config["model_name"])
+    if e is not None and in_timm(e):
         # The keys timm reads from a Hub config.json: `timm.create_model("hf-hub:org/repo")`
         # builds `architecture` from timm's registry with `model_args`.
         config["architecture"] = config["model_name"].replace("-", "_")
         config["model_args"] = model.config
         config["num_classes"] = model.num_classes
         config["num_features"] = model.num_features
-        config["pretrained_cfg"] = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+        # how its inputs are prepared (model.data_cfg; the pretrained_cfg timm set may hold local paths)
+        config["pretrained_cfg"] = {k: list(v) if isinstance(v, tuple) else v for k, v in model.data_cfg().items()}
     return {**config, **(extra or {})}
 
 

@@ -25,7 +25,7 @@ from timm.models._pretrained import PretrainedCfg
 from timm.models._registry import get_pretrained_cfg
 
 from zoo.models.fused_network import FusedAttentionNetwork
-from zoo.registry import Entry, _entries, build
+from zoo.registry import Entry, _entries, build, in_timm
 from zoo.release import CONFIG, WEIGHTS, checkpoint_folder, pretrained_tags, read_config
 
 default_cfgs: dict = {}  # timm's register_model reads the configs of an entrypoint's module from here
@@ -33,13 +33,6 @@ default_cfgs: dict = {}  # timm's register_model reads the configs of an entrypo
 
 def timm_name(name: str) -> str:
     return name.replace("-", "_")
-
-
-def _is_image_model(e: Entry) -> bool:
-    """Image classifiers that timm's data pipeline can feed: the ViTs, and FusedAttention networks on 2-D images."""
-    if e.family == "image":
-        return True
-    return e.family == "fused" and len(e.kwargs.get("input_size", ())) == 2 and not e.kwargs.get("collection")
 
 
 def _cfg(e: Entry, args: dict, weights: Path | None) -> dict:
@@ -120,7 +113,7 @@ def _entrypoint(e: Entry):
 def register_with_timm() -> None:
     """Register every image model and its pretrained configs with timm (once; timm names use '_' for '-')."""
     for e in _entries().values():
-        if not _is_image_model(e) or is_model(timm_name(e.name)):
+        if not in_timm(e) or is_model(timm_name(e.name)):
             continue
         default_cfgs.update(generate_default_cfgs(_pretrained_cfgs(e)))
         register_model(_entrypoint(e))

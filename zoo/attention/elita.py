@@ -74,6 +74,15 @@ def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Ten
     log-sum-exp of logits (plus any earlier mass), so every exponent is <= 0.
     """
     b, n, h, d = values.shape
+    if torch.compiler.is_exporting():
+        # An exported graph (torch.export, ONNX, AOTInductor) serves every length, which the chunking
+        # below cannot do without branching on it: the whole sequence is one chunk there, the same
+        # weights e^{l_j - A_i} <= 1 in an (L, L) matrix. Quadratic in a prompt's length; a decoding
+        # step's matrix is (1, 1). torch.compile keeps the chunks (it may specialize and recompile).
+        own, total = logits.transpose(1, 2), log_norm.transpose(1, 2)  # (B, H, L)
+        future = torch.ones(n, n, dtype=torch.bool, device=values.device).triu(1)
+        weights = (own[..., None, :] - total[..., :, None]).masked_fill(future, float("-inf")).exp()
+        return (weights @ values.transpose(1, 2)).transpose(1, 2)
     chunk = min(chunk, n)  # a decode step of one token needs no 64-token chunk of padding
     pad = -n % chunk
     if pad:

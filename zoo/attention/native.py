@@ -97,11 +97,6 @@ def usable(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
     return not _eager_only and t.device.type == "cpu" and t.dtype in dtypes and _built()
 
 
-def for_tensor(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> ModuleType | None:
-    """The kernels, where `t` is a CPU tensor of one of `dtypes` and they could be built; else None."""
-    return load() if usable(t, dtypes) else None
-
-
 # ---- the kernels as PyTorch operators ----------------------------------------------------------
 # Registered with torch.library, each with a fake (shape-only) implementation and its backward,
 # so that torch.compile and torch.export see one operator (zoo::micro_scan, ...) where they

@@ -8,9 +8,10 @@ state is every block's decoding state as plain tensors, in block order:
     softmax, quiet:  keys, values         (batch, heads, tokens seen, head_dim) each: the KV cache
     micro:           weighted_sum, score_sum   (batch, heads, head_dim), (batch, heads)
     elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
-Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `greedy`
-decodes with any pair of such callables (exported programs, ONNX Runtime sessions) exactly as
-`generate(temperature=0)` does, window included, with no model code.
+Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `export`
+gives both as torch.export programs; `greedy` decodes with any pair of such callables
+(exported programs, ONNX Runtime sessions) exactly as `generate(temperature=0)` does,
+window included, with no model code.
 """
 
 from __future__ import annotations
@@ -102,6 +103,24 @@ def dynamic_shapes(model, prefill: bool):
                  "micro": ({0: batch}, {0: batch}), "elita": ({0: batch}, {0: batch})}
     kind = "softmax" if model.config["attention"] == "quiet" else model.config["attention"]
     return ({0: batch}, None, per_block[kind] * len(model.blocks))  # the state: Step.forward's *state
+
+
+def export(model, eager_routes: bool = False) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram]:
+    """prefill and step as torch.export programs with dynamic batch, length and cache length.
+
+    eager_routes=True traces the eager routes instead of zoo's kernels (zoo::micro_scan, ...), for
+    backends that know only PyTorch's operators; AOTInductor (torch._inductor.aoti_compile_and_package)
+    takes either, and bench/deploy.py times it.
+    """
+    import contextlib
+
+    from zoo.attention import native
+
+    prefill_in, step_in = example_inputs(model)
+    with native.eager_routes() if eager_routes else contextlib.nullcontext():
+        prefill = torch.export.export(Prefill(model).eval(), prefill_in, dynamic_shapes=dynamic_shapes(model, True))
+        step = torch.export.export(Step(model).eval(), step_in, dynamic_shapes=dynamic_shapes(model, False))
+    return prefill, step
 
 
 def greedy(prefill: Callable, step: Callable, ids: torch.Tensor, max_new_tokens: int,
