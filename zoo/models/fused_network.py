@@ -9,6 +9,9 @@ A few transformer blocks mix the tokens, FusedAttention pools them into one vect
 (alpha, one weight per patch, is there for plots), and a linear head classifies.
 With `patch_output=True`, g_V maps the pooled vector back to one patch (C, p1, ..., pn),
 or one item's shape in the collection form, and the head reads that.
+
+The 2-D networks are timm models too (zoo/models/backbone.py, zoo/timm_models.py); their
+feature levels are the embedded patches and each block's output.
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
 
 TINY = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0)
 register("fused-1d-tiny", "fused", FusedAttentionNetwork, input_size=(40,), patch_size=(4,), **TINY)
