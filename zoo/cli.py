@@ -7,6 +7,7 @@
     zoo push checkpoints/micro-vit-tiny.mnist --repo my-org/micro-vit-tiny-mnist
     zoo check micro-vit-tiny.mnist --data-root ../shared/data
     zoo generate micro-gpt-tiny.shakespeare --prompt "ROMEO:"
+    zoo viz micro-vit-tiny.mnist --out pictures/micro-vit --data-root ../shared/data
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-TOOLS = ("models", "export", "push", "check", "generate")
+TOOLS = ("models", "export", "push", "check", "generate", "viz")
 
 
 def run_lightning(args: list[str], run: bool = True):
@@ -205,8 +206,10 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADir
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
+        from zoo.viz_command import viz_command
+
         commands = {"models": models_command, "export": export_command, "push": push_command,
-                    "check": check_command, "generate": generate_command}
+                    "check": check_command, "generate": generate_command, "viz": viz_command}
         try:
             commands[argv[0]](argv[1:])
         except USER_ERRORS as error:

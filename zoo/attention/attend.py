@@ -45,6 +45,39 @@ def _prepend_zero(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t.new_zeros(*t.shape[:-2], 1, t.shape[-1]), t], dim=-2)
 
 
+def allowed_keys(lq: int, lk: int, device, causal: bool = False,
+                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Which key each query may see, (Lq, Lk) or (B, 1, Lq, Lk) with padding: queries aligned to the
+    end of the keys (as with a KV cache), causal ones up to their own position, padded keys never."""
+    allowed = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    offset = lk - lq
+    if causal:
+        allowed = allowed.tril(diagonal=offset)
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask[:, None, None, :]
+        # A padded query with no real key before it would get an empty softmax row (NaN);
+        # letting every token see itself keeps those rows finite and touches no real query.
+        own_key = torch.arange(lk, device=device) == torch.arange(lq, device=device)[:, None] + offset
+        allowed = allowed | own_key
+    return allowed
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False,
+                      key_padding_mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                      quiet: bool = False) -> torch.Tensor:
+    """The weights `attend` applies, (B, H, Lq, Lk), built explicitly (the fused kernels never
+    materialize them): for pictures (zoo.viz.capture), never on the model's own path.
+    With quiet, rows sum to less than 1: the rest is the weight of "nothing"."""
+    from zoo.attention.quiet import softmax_one
+
+    logits = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if bias is not None:
+        logits = logits + bias.float()
+    allowed = allowed_keys(q.shape[-2], k.shape[-2], q.device, causal, key_padding_mask)
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    return softmax_one(logits, dim=-1) if quiet else logits.softmax(-1)
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -77,16 +110,7 @@ def attend(
             k, v = _prepend_zero(k), _prepend_zero(v)
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=causal)
 
-    allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-    offset = lk - lq
-    if causal:
-        allowed = allowed.tril(diagonal=offset)
-    if key_padding_mask is not None:
-        allowed = allowed & key_padding_mask[:, None, None, :]
-        # A padded query with no real key before it would get an empty softmax row (NaN);
-        # letting every token see itself keeps those rows finite and touches no real query.
-        own_key = torch.arange(lk, device=q.device) == torch.arange(lq, device=q.device)[:, None] + offset
-        allowed = allowed | own_key
+    allowed = allowed_keys(lq, lk, q.device, causal, key_padding_mask)
     if quiet:
         k, v = _prepend_zero(k), _prepend_zero(v)
         allowed = F.pad(allowed, (1, 0), value=True)

@@ -1,0 +1,110 @@
+"""The attention a model applied to an input, captured only inside `with capture(model) as maps:`.
+
+Outside the context nothing is different: no hook is registered and the fused SDPA path runs
+as always. Inside, a forward hook on every attention layer recomputes from the layer's own
+input the weights it applied (the fused kernels never materialize them) and appends one
+`AttentionMap` per call, in the order the layers ran. The model's outputs are untouched: the
+hooks only read.
+
+What each mechanism gives, per layer (B: batch, H: heads, L: tokens):
+- softmax, quiet: `weights` (B, H, L, L), softmax or softmax_one of the logits with the layer's
+  mask and learned bias; for quiet, `nothing` (B, H, L) = 1 - each row's sum.
+- micro: `scores` s_t (B, H, L), and `weights` (B, H, L, L), each token's weight in the mean a
+  query subtracts: s_j / sum_k s_k over the keys it sees (all, or those up to it when causal).
+- elita: `weights` (B, H, L, L), the convex mix the output is: g_i on the token itself plus
+  (1 - g_i) e^{l_j - A_i} on the tokens j <= i of the running mean.
+- fused: `alpha` (B, H, L), the weight of each token in the pooled vector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from zoo.attention import ElitaAttention, FusedAttention, MicroAttention, SoftmaxAttention
+from zoo.attention.attend import attention_weights
+from zoo.attention.checks import zero_padding
+from zoo.attention.elita import _PAD_LOGIT
+
+
+@dataclass
+class AttentionMap:
+    layer: str  # the module's name in the model, e.g. "blocks.2.attn"
+    kind: str  # softmax, quiet, micro, elita or fused
+    weights: torch.Tensor | None = None  # (B, H, L, L)
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # nothing, scores or alpha
+
+
+@torch.no_grad()
+def _softmax(module: SoftmaxAttention, x, mask) -> AttentionMap:
+    q, k, _ = module._split_heads(zero_padding(x, mask))
+    quiet = module.quiet
+    weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask,
+                                bias=module._bias(0, x.shape[1]), quiet=quiet)
+    extra = {"nothing": 1 - weights.sum(-1)} if quiet else {}
+    return AttentionMap("", "quiet" if quiet else "softmax", weights, extra)
+
+
+@torch.no_grad()
+def _micro(module: MicroAttention, x, mask) -> AttentionMap:
+    scores, _ = module._scores_and_tokens(zero_padding(x, mask), mask)  # (B, L, H), zero at padding
+    s = scores.transpose(1, 2)  # (B, H, L)
+    n = s.shape[-1]
+    seen = torch.ones(n, n, dtype=torch.bool, device=s.device)
+    if module.causal:
+        seen = seen.tril()
+    per_key = s[:, :, None, :] * seen  # (B, H, queries, keys)
+    total = per_key.sum(-1, keepdim=True)
+    weights = per_key / torch.where(total > 0, total, 1.0)  # a query that has seen only zeros averages nothing
+    return AttentionMap("", "micro", weights, {"scores": s})
+
+
+@torch.no_grad()
+def _elita(module: ElitaAttention, x, mask) -> AttentionMap:
+    history, own, offset, _ = module._terms(zero_padding(x, mask), 0)
+    if mask is not None:
+        history = history.masked_fill(~mask[..., None], _PAD_LOGIT)
+    log_norm = history.logcumsumexp(1)  # A_i
+    gate = torch.sigmoid(own - offset - log_norm).transpose(1, 2)  # g_i (B, H, L)
+    l, a = history.transpose(1, 2), log_norm.transpose(1, 2)
+    n = l.shape[-1]
+    future = torch.ones(n, n, dtype=torch.bool, device=l.device).triu(1)
+    mean = (l[..., None, :] - a[..., :, None]).masked_fill(future, float("-inf")).exp()  # e^{l_j - A_i}
+    weights = (1 - gate)[..., None] * mean + torch.diag_embed(gate)
+    return AttentionMap("", "elita", weights, {"gate": gate})
+
+
+@torch.no_grad()
+def _fused(module: FusedAttention, x, mask) -> AttentionMap:
+    return AttentionMap("", "fused", None, {"alpha": module.alpha(x, mask)})
+
+
+READERS = ((FusedAttention, _fused), (MicroAttention, _micro), (ElitaAttention, _elita), (SoftmaxAttention, _softmax))
+
+
+@contextlib.contextmanager
+def capture(model: nn.Module):
+    """Record every attention layer's weights while the model runs inside the context (see above)."""
+    maps: list[AttentionMap] = []
+    handles = []
+    for name, module in model.named_modules():
+        reader = next((r for cls, r in READERS if isinstance(module, cls)), None)
+        if reader is None:
+            continue
+
+        def hook(module, args, kwargs, output, name=name, reader=reader):
+            x = args[0]
+            mask = kwargs.get("key_padding_mask", args[1] if len(args) > 1 else None)
+            found = reader(module, x, mask)
+            found.layer = name
+            maps.append(found)
+
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    try:
+        yield maps
+    finally:
+        for handle in handles:
+            handle.remove()
