@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,3 +249,71 @@ def test_zoo_viz_refusals(tmp_path):
         viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "ok.npy")
     viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "ok.npy", "--overwrite")
     assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
+
+
+# ---- during training ------------------------------------------------------------------------------
+
+
+def test_callback_logs_to_tensorboard_wandb_and_csv(tmp_path):
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from zoo.data.arrays import Digits
+    from zoo.training.classification import ClassificationTask
+    from zoo.training.pictures import DrawPictures
+
+    class FakeWandb(Logger):  # the one method DrawPictures calls on a W&B logger
+        name, version, experiment = "wandb", "0", None
+        images: list = []
+
+        def log_image(self, key, images, step=None):
+            self.images.append((key, images[0].shape, step))
+
+        def log_metrics(self, metrics, step=None):
+            pass
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    data = Digits(batch_size=64)
+    task = ClassificationTask("quiet-vit-tiny", {"patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2},
+                              data.data_info)
+    tensorboard, csv, wandb = TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv"), FakeWandb()
+    trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, logger=[tensorboard, csv, wandb],
+                        callbacks=[DrawPictures(every_n_epochs=2)], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(task, data)
+    events = EventAccumulator(tensorboard.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    tags = set(events.Tags()["images"])
+    assert {"pictures/attention", "pictures/quiet_nothing", "pictures/rollout", "pictures/patch_filters"} <= tags
+    assert all(len(events.Images(t)) == 1 for t in tags)  # epoch 2 only: every_n_epochs=2
+    pngs = sorted(p.name for p in (Path(csv.log_dir) / "pictures" / "epoch-1").iterdir())
+    assert "quiet_nothing.png" in pngs and not [p for p in pngs if "partial" in p]
+    assert {key for key, _, _ in wandb.images} == tags and all(len(shape) == 3 for _, shape, _ in wandb.images)
+    with pytest.raises(ValueError, match="every_n_epochs must be an integer >= 1"):
+        DrawPictures(every_n_epochs=0)
+
+
+def test_callback_switched_on_from_a_recipe(tmp_path):
+    """The recipe's trainer.callbacks turns it on; with a CSV logger the pictures are PNG files of the run."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    recipe = (repo / "recipes" / "quickstart.yaml").read_text().replace("max_epochs: 30", "max_epochs: 1")
+    recipe = recipe.replace("  log_every_n_steps: 10\n", """  log_every_n_steps: 10
+  limit_train_batches: 2
+  limit_val_batches: 1
+  logger: {class_path: lightning.pytorch.loggers.CSVLogger, init_args: {save_dir: logs}}
+  callbacks:
+    - class_path: zoo.training.pictures.DrawPictures
+      init_args: {every_n_epochs: 1}
+""").replace("runs/quickstart/micro-vit-tiny.digits", str(tmp_path / "release"))
+    (tmp_path / "r.yaml").write_text(recipe)
+    out = subprocess.run([sys.executable, "-m", "zoo.cli", "fit", "--config", "r.yaml", "--trainer.enable_progress_bar",
+                          "false"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    drawn = {p.name for p in tmp_path.glob("logs/lightning_logs/version_0/pictures/epoch-0/*.png")}
+    assert {"micro_saliency.png", "rollout.png", "attention_distance.png", "patch_filters.png"} <= drawn

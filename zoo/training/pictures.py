@@ -1,0 +1,81 @@
+"""Draw zoo.viz's pictures during training and log them where the run logs.
+
+Switched on from a recipe:
+
+    trainer:
+      callbacks:
+        - class_path: zoo.training.pictures.DrawPictures
+          init_args: {every_n_epochs: 5}
+
+Every `every_n_epochs` validation epochs, on the first validation input, on rank zero only:
+TensorBoard gets `add_figure`, Weights & Biases `log_image`, and any other logger (CSV) PNG
+files under its log folder, pictures/epoch-N/NAME.png (written to a temporary file, then renamed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+
+
+def figure_to_array(figure) -> np.ndarray:
+    """A drawn figure as an RGB array (H, W, 3), for loggers that take images."""
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
+
+
+class DrawPictures(L.Callback):
+    def __init__(self, every_n_epochs: int = 1, include_model: bool = True):
+        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
+            raise ValueError(f"DrawPictures every_n_epochs must be an integer >= 1, got {every_n_epochs!r}")
+        self.every_n_epochs, self.include_model = every_n_epochs, include_model
+
+    def _input(self, trainer) -> torch.Tensor | None:
+        loaders = trainer.val_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        if loader is None:
+            return None
+        batch = next(iter(loader))
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return x[:1]
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        import matplotlib.pyplot as plt
+
+        from zoo.viz import pictures
+
+        x = self._input(trainer)
+        model = pl_module.model
+        was_training = model.training
+        drawn = pictures(model, None if x is None else x.to(pl_module.device), include_model=self.include_model)
+        model.train(was_training)
+        for logger in trainer.loggers:
+            self._log(logger, drawn, trainer.current_epoch, trainer.global_step)
+        for figure, _ in drawn.values():
+            plt.close(figure)
+
+    @staticmethod
+    def _log(logger, drawn: dict, epoch: int, step: int) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        if isinstance(logger, TensorBoardLogger):
+            for name, (figure, _) in drawn.items():
+                logger.experiment.add_figure(f"pictures/{name}", figure, global_step=step, close=False)
+        elif hasattr(logger, "log_image"):  # Weights & Biases
+            for name, (figure, _) in drawn.items():
+                logger.log_image(key=f"pictures/{name}", images=[figure_to_array(figure)], step=step)
+        elif logger.log_dir is not None:
+            folder = Path(logger.log_dir) / "pictures" / f"epoch-{epoch}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, (figure, _) in drawn.items():
+                partial = folder / f".{name}.png.partial"
+                figure.savefig(partial, format="png", dpi=100, bbox_inches="tight")
+                os.replace(partial, folder / f"{name}.png")
