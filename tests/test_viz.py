@@ -183,6 +183,18 @@ def test_pictures_draw_what_applies(name, expected, tmp_path):
         assert "position_similarity" not in drawn
 
 
+def test_learned_mask_pictures_are_the_parameters():
+    model = zoo.create("quiet-vit-tiny", learned_bias=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.attn_bias.normal_()
+    drawn = pictures(model)
+    bias = np.stack([b.attn.attn_bias.detach().numpy() for b in model.blocks])
+    np.testing.assert_array_equal(drawn["learned_mask"][1]["bias"], bias)
+    centre = 1 + 3 * 7 + 3  # the class token, then row 3, column 3 of the 7 x 7 grid
+    np.testing.assert_array_equal(drawn["learned_mask_query"][1]["bias"], bias[:, :, centre, 1:])
+
+
 def test_pictures_refuse_what_is_not_there():
     with pytest.raises(ValueError, match=r"one input of shape \(1, 1, 28, 28\)"):
         pictures(zoo.create("vit-tiny"), torch.rand(1, 3, 28, 28))

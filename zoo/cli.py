@@ -8,6 +8,7 @@
     zoo check micro-vit-tiny.mnist --data-root ../shared/data
     zoo generate micro-gpt-tiny.shakespeare --prompt "ROMEO:"
     zoo viz micro-vit-tiny.mnist --out pictures/micro-vit --data-root ../shared/data
+    zoo report --out report --data-root ../shared/data
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-TOOLS = ("models", "export", "push", "check", "generate", "viz")
+TOOLS = ("models", "export", "push", "check", "generate", "viz", "report")
 
 
 def run_lightning(args: list[str], run: bool = True):
@@ -206,10 +207,12 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADir
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in TOOLS:
+        from zoo.report import report_command
         from zoo.viz_command import viz_command
 
         commands = {"models": models_command, "export": export_command, "push": push_command,
-                    "check": check_command, "generate": generate_command, "viz": viz_command}
+                    "check": check_command, "generate": generate_command, "viz": viz_command,
+                    "report": report_command}
         try:
             commands[argv[0]](argv[1:])
         except USER_ERRORS as error:

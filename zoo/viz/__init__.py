@@ -75,6 +75,14 @@ def _model_pictures(model: nn.Module, grid) -> dict[str, tuple]:
         labels = [f"layer {i} head {h}" for i in range(bias.shape[0]) for h in range(bias.shape[1])]
         out["learned_mask"] = (figures.heatmaps_figure(bias.flatten(0, 1), labels, title="learned attention mask"),
                                {"bias": bias.numpy()})
+        if grid is not None and len(grid) == 2:  # one query patch (the centre one), over the image grid
+            prefix = getattr(model, "num_prefix_tokens", 0)
+            query = prefix + (grid[0] // 2) * grid[1] + grid[1] // 2
+            row = bias[:, :, query, prefix:]  # (layers, heads, patches)
+            out["learned_mask_query"] = (figures.heatmaps_figure(row.flatten(0, 1), labels, grid,
+                                                                 f"learned mask of query patch {query - prefix} "
+                                                                 "(the centre) over the grid"),
+                                         {"bias": row.numpy(), "query": query - prefix})
     return out
 
 

@@ -158,3 +158,39 @@ def token_figure(tokens: list[str], weights: torch.Tensor, title: str = "attenti
     ax.set_yticks(range(n), shown, fontsize=6)
     ax.set_xlabel("key"), ax.set_ylabel("query"), ax.set_title(title, fontsize=9)
     return fig
+
+
+def lines_figure(series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str,
+                 log: bool = True) -> Figure:
+    """One line per label through its (x, y) points, on log-log axes unless log=False."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker="o", markersize=3, label=label)
+    if log:
+        ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel(xlabel), ax.set_ylabel(ylabel), ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def bars_figure(groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> Figure:
+    """Grouped bars: one group per label in `groups`, one bar per series."""
+    fig, ax = plt.subplots(figsize=(max(5.2, len(groups) * 0.9), 3.4))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar(np.arange(len(groups)) + i * width, values, width, label=label)
+    ax.set_xticks(np.arange(len(groups)) + width * (len(series) - 1) / 2, groups, fontsize=7, rotation=20)
+    ax.set_ylabel(ylabel), ax.set_title(title, fontsize=9), ax.legend(fontsize=7)
+    return fig
+
+
+def scatter_figure(points: dict[str, tuple[float, float]], xlabel: str, ylabel: str, title: str) -> Figure:
+    """Labelled points, x on a log axis (parameters)."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for label, (x, y) in points.items():
+        ax.scatter([x], [y], s=18)
+        ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log"), ax.set_xlabel(xlabel), ax.set_ylabel(ylabel), ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    return fig

@@ -1,0 +1,61 @@
+"""`zoo report`: one static page, loaded in headless Chromium (Debian's chromium and chromedriver, driven by
+Selenium): no console error, no broken image, every shipped checkpoint named. The screenshot is kept under
+$ZOO_ARTIFACTS (default: the test's temporary folder)."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import data_root
+
+pytest.importorskip("matplotlib")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def chromium():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    browser, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not browser or not driver:
+        pytest.skip("Chromium and chromedriver are not installed (apt install chromium chromium-driver; .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,2000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    from selenium.webdriver.chrome.service import Service
+
+    return webdriver.Chrome(options=options, service=Service(driver))
+
+
+def test_report_page_in_a_real_browser(tmp_path):
+    from zoo.cli import main
+    from zoo.training.check import shipped_folders
+
+    main(["report", "--out", str(tmp_path / "report"), "--bench", str(REPO / "bench" / "results"),
+          *(["--data-root", str(data_root())] if data_root() else [])])
+    page = tmp_path / "report" / "index.html"
+    text = page.read_text()
+    assert "<script" not in text and "http://" not in text and "https://" not in text  # nothing to fetch
+    browser = chromium()
+    try:
+        browser.get(page.as_uri())
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        broken = browser.execute_script(
+            "return Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).length")
+        images = browser.execute_script("return document.images.length")
+        body = browser.find_element("tag name", "body").text
+        artifacts = Path(os.environ.get("ZOO_ARTIFACTS", tmp_path))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(artifacts / "report.png"))
+    finally:
+        browser.quit()
+    assert errors == [] and broken == 0 and images > 50
+    names = [f.name for f in shipped_folders()]
+    assert len(names) == 13 and all(name in body for name in names)
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["checkpoints"] == names
+    for heading in ("Checkpoints", "Benchmarks", "Pictures", "attention", "models", "deploy"):
+        assert heading in body

@@ -1,0 +1,222 @@
+"""`zoo report --out DIR`: one static HTML page of every shipped checkpoint, the benchmarks and the pictures.
+
+DIR/index.html needs no server, no network and no script: every image is a PNG inside the
+page (a data: URI). It holds
+- every shipped checkpoint with its card's metrics, training command and time, and a plot of
+  accuracy against parameters;
+- the tables of bench/results/*.json (those found under --bench), and plots of them: attention
+  layer time against sequence length (log-log, per mechanism), decoding ms per token against
+  context, training images per second against timm's ViT, and deployment speedups;
+- zoo.viz's pictures of each checkpoint: the model's own, and those of one input (a prompt for
+  text models; the first test input of its data where --data-root holds it).
+The folder is built beside DIR and moved there whole (zoo/atomic.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from zoo.atomic import replace_folder
+
+MARKER = "report.json"
+PROMPT = "ROMEO:\nWhat light through yonder window"
+
+
+def is_report_folder(path) -> bool:
+    try:
+        return json.loads((Path(path) / MARKER).read_text()).get("format") == "zoo-report"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def _png(figure) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _img(figure, alt: str) -> str:
+    caption = html.escape(alt)
+    return f'<figure><img src="{_png(figure)}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return html.escape(json.dumps(value)[:120])
+    return html.escape(str(value))
+
+
+def _table(rows: list[dict], columns: list[str] | None = None) -> str:
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(row.get(c, ''))}</td>" for c in columns) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _checkpoints() -> list[tuple[str, Path, dict]]:
+    from zoo.release import CONFIG
+    from zoo.training.check import shipped_folders
+
+    return [(folder.name, folder, json.loads((folder / CONFIG).read_text())) for folder in shipped_folders()]
+
+
+def _checkpoint_section(checkpoints) -> str:
+    from zoo.viz import figures
+
+    rows, accuracy = [], {}
+    for name, folder, config in checkpoints:
+        training = config.get("training") or {}
+        params = sum(t.numel() for t in _weights(folder).values())
+        metrics = config.get("metrics") or {}
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith(("test/", "val/")))
+        rows.append({"checkpoint": name, "parameters": f"{params:,}", "data": (training.get("data") or {}).get("name"),
+                     "metrics": shown, "training command": training.get("command"),
+                     "seconds": training.get("seconds")})
+        if "test/acc" in metrics:
+            accuracy[name] = (params, 100 * metrics["test/acc"])
+    plot = _img(figures.scatter_figure(accuracy, "parameters", "test accuracy (%)", "accuracy against parameters, "
+                                       "shipped checkpoints"), "accuracy against parameters")
+    return f'<section id="checkpoints"><h2>Checkpoints</h2>{_table(rows)}{plot}</section>'
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def _bench_plots(name: str, data: dict) -> list[str]:
+    """The plots the issue asks of each benchmark file, from its rows."""
+    from zoo.viz import figures
+
+    plots = []
+    if name == "attention" and data.get("train"):
+        for dtype in sorted({r["dtype"] for r in data["train"]}):
+            series = {}
+            for row in data["train"]:
+                if row["dtype"] == dtype and "ms" in row:
+                    x, y = series.setdefault(row["mechanism"], ([], []))
+                    x.append(row["length"]), y.append(row["ms"])
+            plots.append(_img(figures.lines_figure(series, "sequence length", "ms (forward + backward)",
+                                                   f"attention layer time, {dtype}"), f"layer time {dtype}"))
+    decode_rows = data.get("decode") or []
+    if decode_rows:
+        series = {}
+        for row in decode_rows:
+            label = row.get("mechanism") or row.get("model")
+            x, y = series.setdefault(label, ([], []))
+            x.append(row.get("length") or row.get("context")), y.append(row["ms_per_token"])
+        plots.append(_img(figures.lines_figure(series, "context (tokens)", "ms per token",
+                                               f"decoding cost against context ({name}.json)"), f"decode {name}"))
+    if name == "models" and data.get("image"):
+        rows = [r for r in data["image"] if r.get("mode") == "train"]
+        groups = [f"{r['model']} {r['precision']}" for r in rows]
+        plots.append(_img(figures.bars_figure(groups, {"zoo": [r["ours_img_per_s"] for r in rows],
+                                                       "timm ViT": [r["timm_img_per_s"] for r in rows]},
+                                              "images per second", "training throughput against timm"),
+                          "training images per second"))
+    if name == "deploy" and data.get("inference"):
+        rows = [r for r in data["inference"] if r["batch"] == 1]
+        plots.append(_img(figures.bars_figure([r["model"] for r in rows],
+                                              {"torch.compile": [r["compiled_x"] for r in rows],
+                                               "ONNX Runtime": [r["ort_x"] for r in rows]},
+                                              "x eager", "batch-1 inference against eager"), "deployment speedups"))
+    return plots
+
+
+def _bench_section(bench: Path) -> str:
+    files = sorted(bench.glob("*.json")) if bench.is_dir() else []
+    if not files:
+        return (f'<section id="benchmarks"><h2>Benchmarks</h2><p>No benchmark results under '
+                f'{html.escape(str(bench))}: run python bench/*.py first, or pass --bench.</p></section>')
+    parts = ['<section id="benchmarks"><h2>Benchmarks</h2>']
+    for file in files:
+        data = json.loads(file.read_text())
+        parts.append(f"<h3>{html.escape(file.stem)}</h3><p>machine: {_cell(data.get('machine', {}))}</p>")
+        parts += _bench_plots(file.stem, data)
+        for key, rows in data.items():
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+                parts.append(f"<h4>{html.escape(key)}</h4>{_table(rows)}")
+    return "".join(parts) + "</section>"
+
+
+def _sample(model, config: dict, data_root) -> torch.Tensor | None:
+    if hasattr(model, "vocab_size"):
+        return torch.as_tensor([model.tokenizer.encode(PROMPT)]) if model.tokenizer else None
+    if data_root is None:
+        return None
+    from zoo.viz_command import data_samples
+
+    try:
+        return data_samples(config, data_root, 1)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _pictures_section(checkpoints, data_root) -> str:
+    from tqdm import tqdm
+
+    import zoo
+    from zoo.viz import pictures
+
+    parts = ['<section id="pictures"><h2>Pictures</h2>']
+    for name, folder, config in tqdm(checkpoints, desc="pictures", unit="checkpoint"):
+        model = zoo.load(folder)
+        x = _sample(model, config, data_root)
+        drawn = pictures(model, x)
+        note = "" if x is not None else " (no input: its data was not found under --data-root)"
+        parts.append(f'<h3 id="{html.escape(name)}">{html.escape(name)}{html.escape(note)}</h3><div class="grid">')
+        parts += [_img(figure, f"{name}: {key}") for key, (figure, _) in drawn.items()]
+        parts.append("</div>")
+    return "".join(parts) + "</section>"
+
+
+STYLE = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px;
+margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px}figure{display:inline-block;margin:6px}
+figcaption{font-size:11px;color:#555}img{max-width:640px}.grid{display:flex;flex-wrap:wrap}"""
+
+
+def build_report(out, bench="bench/results", data_root=None, overwrite: bool = False) -> Path:
+    checkpoints = _checkpoints()
+    body = (f"<h1>zoo report</h1><p>{len(checkpoints)} shipped checkpoints: "
+            + ", ".join(f'<a href="#{html.escape(n)}">{html.escape(n)}</a>' for n, _, _ in checkpoints) + "</p>"
+            + _checkpoint_section(checkpoints) + _bench_section(Path(bench))
+            + _pictures_section(checkpoints, data_root))
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>zoo report</title>'
+            f"<style>{STYLE}</style></head><body>{body}</body></html>\n")
+
+    def fill(staging: Path) -> None:
+        (staging / "index.html").write_text(page, encoding="utf-8")
+        names = [n for n, _, _ in checkpoints]
+        (staging / MARKER).write_text(json.dumps({"format": "zoo-report", "checkpoints": names}, indent=2) + "\n")
+
+    return replace_folder(out, fill, is_report_folder, "report folder", overwrite)
+
+
+def report_command(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="zoo report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the folder to write index.html in")
+    parser.add_argument("--bench", default="bench/results", help="the benchmarks' JSON files (default bench/results)")
+    parser.add_argument("--data-root", default=os.environ.get("ZOO_DATA"),
+                        help="the data sets, for one input picture per image checkpoint (default: $ZOO_DATA)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier zoo report wrote it")
+    args = parser.parse_args(argv)
+    from zoo.atomic import check_replaceable
+
+    check_replaceable(args.out, is_report_folder, "report folder", args.overwrite)
+    path = build_report(args.out, args.bench, args.data_root, args.overwrite)
+    print(f"wrote {path / 'index.html'}")
