@@ -201,7 +201,7 @@ def generate_command(argv: list[str]) -> None:
 
 # What a user can fix: said in one line, without a traceback.
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-               PermissionError, ConnectionError)
+               PermissionError, ConnectionError, ImportError)  # ImportError: an optional extra not installed
 
 
 def main(argv: list[str] | None = None) -> None:

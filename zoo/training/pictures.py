@@ -32,6 +32,8 @@ class DrawPictures(L.Callback):
     def __init__(self, every_n_epochs: int = 1, include_model: bool = True):
         if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
             raise ValueError(f"DrawPictures every_n_epochs must be an integer >= 1, got {every_n_epochs!r}")
+        import zoo.viz  # noqa: F401  (fails here, at configuration, where matplotlib is missing)
+
         self.every_n_epochs, self.include_model = every_n_epochs, include_model
 
     def _input(self, trainer) -> torch.Tensor | None:

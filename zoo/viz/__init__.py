@@ -13,11 +13,16 @@ records attention; `pictures` puts them together for a model and one input. Need
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+import importlib.util
 
-from zoo.viz import figures, measures
-from zoo.viz.capture import AttentionMap, capture
+if importlib.util.find_spec("matplotlib") is None:
+    raise ImportError("zoo.viz draws with matplotlib, which is not installed: pip install 'zoo[viz]'")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from zoo.viz import figures, measures  # noqa: E402
+from zoo.viz.capture import AttentionMap, capture  # noqa: E402
 
 __all__ = ["AttentionMap", "capture", "figures", "measures", "pictures"]
 
