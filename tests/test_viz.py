@@ -174,7 +174,9 @@ def test_filters_and_principal_components():
 def test_pictures_draw_what_applies(name, expected, tmp_path):
     model = zoo.load(name)
     x = torch.as_tensor([model.tokenizer.encode("ROMEO:")]) if hasattr(model, "vocab_size") else image(model)
+    model.train()
     drawn = pictures(model, x)
+    assert model.training  # pictures leave the model's mode as they found it
     assert expected <= set(drawn)
     for key, (figure, numbers) in drawn.items():
         figure.savefig(tmp_path / f"{key}.png")
@@ -242,6 +244,13 @@ def test_zoo_viz_with_samples_of_its_data(tmp_path):
         pytest.skip("shared data folder not found")
     viz("fused-1d-tiny.mnist1d", "--out", tmp_path / "out", "--samples", 2, "--data-root", root)
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["sample-0", "sample-1"]
+
+
+def test_zoo_viz_never_downloads_into_the_data_root(tmp_path):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(SystemExit, match="MNIST not found under .* and download=False; .*give an input with --input"):
+        viz("vit-tiny.mnist", "--out", tmp_path / "out", "--data-root", tmp_path / "data")
+    assert list((tmp_path / "data").iterdir()) == [] and not (tmp_path / "out").exists()
 
 
 def test_zoo_viz_refusals(tmp_path):

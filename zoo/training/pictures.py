@@ -55,10 +55,8 @@ class DrawPictures(L.Callback):
         from zoo.viz import pictures
 
         x = self._input(trainer)
-        model = pl_module.model
-        was_training = model.training
-        drawn = pictures(model, None if x is None else x.to(pl_module.device), include_model=self.include_model)
-        model.train(was_training)
+        drawn = pictures(pl_module.model, None if x is None else x.to(pl_module.device),
+                         include_model=self.include_model)
         for logger in trainer.loggers:
             self._log(logger, drawn, trainer.current_epoch, trainer.global_step)
         for figure, _ in drawn.values():

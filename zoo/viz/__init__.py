@@ -94,9 +94,10 @@ def _model_pictures(model: nn.Module, grid) -> dict[str, tuple]:
 def _input_pictures(model: nn.Module, x: torch.Tensor, grid) -> dict[str, tuple]:
     out = {}
     check_input(model, x)
-    model.eval()
+    was_training = model.training
     with capture(model) as maps:
-        model(x)
+        model.eval()(x)  # the weights of inference: no dropout
+    model.train(was_training)
     square = [m for m in maps if m.weights is not None]
     if square:
         weights = _stack(square)  # (layers, heads, L, L)
