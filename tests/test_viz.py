@@ -195,6 +195,10 @@ def test_learned_mask_pictures_are_the_parameters():
     np.testing.assert_array_equal(drawn["learned_mask"][1]["bias"], bias)
     centre = 1 + 3 * 7 + 3  # the class token, then row 3, column 3 of the 7 x 7 grid
     np.testing.assert_array_equal(drawn["learned_mask_query"][1]["bias"], bias[:, :, centre, 1:])
+    corner = pictures(model, query=48)["learned_mask_query"][1]["bias"]
+    np.testing.assert_array_equal(corner, bias[:, :, 1 + 48, 1:])
+    with pytest.raises(ValueError, match=r"query must be a patch index in \[0, 49\)"):
+        pictures(model, query=49)
 
 
 def test_pictures_refuse_what_is_not_there():

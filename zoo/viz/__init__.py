@@ -51,20 +51,22 @@ def check_input(model: nn.Module, x: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def pictures(model: nn.Module, x: torch.Tensor | None = None, include_model: bool = True) -> dict[str, tuple]:
+def pictures(model: nn.Module, x: torch.Tensor | None = None, include_model: bool = True,
+             query: int | None = None) -> dict[str, tuple]:
     """Every picture that applies to `model` (unless include_model=False), and to one input `x` (a batch
-    of one, as the model takes it) if given: name -> (Figure, the numbers drawn, as arrays)."""
+    of one, as the model takes it) if given: name -> (Figure, the numbers drawn, as arrays).
+    `query`: the patch whose row of the learned mask is drawn over the grid (default: the centre one)."""
     out: dict[str, tuple] = {}
     grid = _grid(model)
     if include_model:
-        out.update(_model_pictures(model, grid))
+        out.update(_model_pictures(model, grid, query))
     if x is None:
         return out
     out.update(_input_pictures(model, x, grid))
     return out
 
 
-def _model_pictures(model: nn.Module, grid) -> dict[str, tuple]:
+def _model_pictures(model: nn.Module, grid, query: int | None = None) -> dict[str, tuple]:
     out = {}
     if getattr(model, "patch_embed", None) is not None:
         filters = measures.patch_filters(model)
@@ -80,14 +82,16 @@ def _model_pictures(model: nn.Module, grid) -> dict[str, tuple]:
         labels = [f"layer {i} head {h}" for i in range(bias.shape[0]) for h in range(bias.shape[1])]
         out["learned_mask"] = (figures.heatmaps_figure(bias.flatten(0, 1), labels, title="learned attention mask"),
                                {"bias": bias.numpy()})
-        if grid is not None and len(grid) == 2:  # one query patch (the centre one), over the image grid
-            prefix = getattr(model, "num_prefix_tokens", 0)
-            query = prefix + (grid[0] // 2) * grid[1] + grid[1] // 2
-            row = bias[:, :, query, prefix:]  # (layers, heads, patches)
+        if grid is not None and len(grid) == 2:  # one query patch's row, over the image grid
+            prefix, patches = getattr(model, "num_prefix_tokens", 0), grid[0] * grid[1]
+            query = (grid[0] // 2) * grid[1] + grid[1] // 2 if query is None else query
+            if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < patches:
+                raise ValueError(f"query must be a patch index in [0, {patches}) on the {grid[0]} x {grid[1]} grid, "
+                                 f"got {query!r}")
+            row = bias[:, :, prefix + query, prefix:]  # (layers, heads, patches)
             out["learned_mask_query"] = (figures.heatmaps_figure(row.flatten(0, 1), labels, grid,
-                                                                 f"learned mask of query patch {query - prefix} "
-                                                                 "(the centre) over the grid"),
-                                         {"bias": row.numpy(), "query": query - prefix})
+                                                                 f"learned mask of query patch {query} over the grid"),
+                                         {"bias": row.numpy(), "query": query})
     return out
 
 
