@@ -559,3 +559,92 @@ def test_build_errors():
         A.build("elita", 16, causal=False)
     with pytest.raises(ValueError, match="causal"):
         A.build("fused", 16, causal=True)
+
+
+# ---- the controls of Bondarenko et al. 2023: clipped softmax and gated attention ----------------------
+
+
+def test_clipped_softmax_is_its_formula():
+    x = torch.randn(5, 9, dtype=torch.float64) * 4
+    zeta, gamma = 1.1, -0.05
+    e = x.exp()
+    want = ((zeta - gamma) * e / e.sum(-1, keepdim=True) + gamma).clamp(0, 1)
+    got = A.clipped_softmax(x, -1, zeta, gamma)
+    torch.testing.assert_close(got, want)
+    assert (got == 0).any() and (got == 1).any()  # exact zeros and ones at finite logits: the point of it
+    x.requires_grad_()
+    y = A.clipped_softmax(x, -1, zeta, gamma)
+    y.sum().backward()
+    soft = ((zeta - gamma) * x.softmax(-1) + gamma)
+    clipped = (soft <= 0) | (soft >= 1)
+    # rows whose every entry is clipped pass no gradient at all
+    assert torch.equal(x.grad[clipped.all(-1)], torch.zeros_like(x.grad[clipped.all(-1)]))
+
+
+def control_reference(layer, x, causal: bool):
+    """Clipped or gated attention in float64 from the layer's own weights, written out."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+    qkv = x @ layer.qkv.weight.double().T + layer.qkv.bias.double()
+    q, k, v = qkv.view(b, n, 3, h, hd).permute(2, 0, 3, 1, 4)
+    logits = q @ k.transpose(-1, -2) / hd**0.5
+    future = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if causal:
+        logits = logits.masked_fill(future, float("-inf"))
+    w = logits.softmax(-1)
+    if isinstance(layer, A.ClippedSoftmaxAttention):
+        seen = torch.arange(1, n + 1) if causal else torch.full((n,), n)  # the keys each row sees
+        seen = seen.double()
+        gamma = -layer.alpha / seen[:, None]
+        w = ((layer.zeta - gamma) * w + gamma).clamp(0, 1)
+    out = w @ v  # (b, h, n, hd)
+    if isinstance(layer, A.GatedAttention):
+        per_head = x.view(b, n, h, hd)
+        gate = torch.sigmoid((per_head * layer.gate_weight.double()).sum(-1) + layer.gate_bias.double())
+        out = out * gate.transpose(1, 2)[..., None]
+    out = out.transpose(1, 2).reshape(b, n, d)
+    return out @ layer.proj.weight.double().T + layer.proj.bias.double()
+
+
+@pytest.mark.parametrize("name", ["clipped", "gated"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_controls_against_float64(name, causal):
+    layer = A.build(name, 32, heads=4, causal=causal)
+    if name == "gated":
+        torch.nn.init.normal_(layer.gate_bias)
+    x = torch.randn(2, 11, 32) * 3
+    torch.testing.assert_close(layer(x).double(), control_reference(layer, x, causal), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["clipped", "gated"])
+def test_controls_decode_step_by_step_as_in_parallel(name):
+    layer = A.build(name, 32, heads=4, causal=True).eval()
+    x = torch.randn(2, 9, 32)
+    state, outs = None, []
+    for t in range(9):
+        y, state = layer.step(x[:, t:t + 1], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1), layer(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["clipped", "gated"])
+def test_controls_captured_weights(name):
+    import zoo
+    from zoo.viz import capture
+
+    model = zoo.create(f"{name}-gpt-tiny").eval()
+    seen = []
+    layer = model.blocks[0].attn
+    layer.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    with capture(model) as maps:
+        model(torch.randint(0, 65, (1, 12)))
+    w = maps[0].weights.double()
+    v = (seen[0].double() @ layer.qkv.weight.double().T + layer.qkv.bias.double()).view(1, 12, 3, 4, 32)[:, :, 2]
+    out = w @ v.transpose(1, 2)  # the weights rebuild the heads' outputs before gate and projection
+    if name == "gated":
+        out = out * maps[0].extra["gate"].double()[..., None]
+    else:
+        assert (maps[0].extra["nothing"] >= -1e-6).all()
+    rebuilt = out.transpose(1, 2).reshape(1, 12, 128) @ layer.proj.weight.double().T + layer.proj.bias.double()
+    torch.testing.assert_close(rebuilt, control_reference(layer, seen[0], True), rtol=1e-4, atol=1e-5)

@@ -173,6 +173,8 @@ def test_saves_killed_at_random_points_keep_a_loadable_release(tmp_path):
 READER = textwrap.dedent("""
     import json, sys, time, torch, zoo
     folder, seconds = sys.argv[1], float(sys.argv[2])
+    zoo.load(folder)
+    print("ready", flush=True)  # imported and warm: the writers start now
     seen, errors, deadline = {}, [], time.time() + seconds
     while time.time() < deadline:
         try:
@@ -189,15 +191,18 @@ READER = textwrap.dedent("""
 
 def test_concurrent_readers_and_writers_see_whole_releases(tmp_path):
     folder = marked(1.0).save_pretrained(tmp_path / "m")
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(folder), "6"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "ready"  # so that the writers' saves fall in its window
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), values, "60"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for values in ("2.0,3.0", "4.0")]
-    reader = subprocess.run([sys.executable, "-c", READER, str(folder), "6"], capture_output=True, text=True,
-                            timeout=300)
     for w in writers:
         _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err[-2000:]
-    result = json.loads(reader.stdout)
+    out, err = reader.communicate(timeout=300)
+    assert reader.returncode == 0, err[-2000:]
+    result = json.loads(out)
     assert result["failed"] == 0, result["errors"]
     assert "mixed" not in result["seen"] and sum(result["seen"].values()) > 10, result
     assert len(result["seen"]) >= 2, result  # the reader really saw the folder change under it

@@ -1,4 +1,4 @@
-"""The attention library: five mechanisms behind one calling contract.
+"""The attention library: five mechanisms, and two controls for outliers, behind one calling contract.
 
 Every module takes tokens (batch, length, dim) and an optional boolean
 `key_padding_mask` (batch, length), True for real tokens. Token mixers return
@@ -14,8 +14,10 @@ from __future__ import annotations
 from torch import nn
 
 from zoo.attention.attend import attend
+from zoo.attention.clipped import ClippedSoftmaxAttention, clipped_softmax
 from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
 from zoo.attention.fused import FusedAttention
+from zoo.attention.gated import GatedAttention
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
@@ -23,10 +25,16 @@ from zoo.attention.softmax import KVCache, SoftmaxAttention
 MECHANISMS: dict[str, type[nn.Module]] = {
     "softmax": SoftmaxAttention,
     "quiet": QuietAttention,
+    "clipped": ClippedSoftmaxAttention,
+    "gated": GatedAttention,
     "micro": MicroAttention,
     "elita": ElitaAttention,
     "fused": FusedAttention,
 }
+
+
+# The mechanisms that are softmax attention with a KV cache (and its options: max_len, learned_bias, dropout)
+KV_CACHED = tuple(name for name, cls in MECHANISMS.items() if issubclass(cls, SoftmaxAttention))
 
 
 def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -> nn.Module:
@@ -37,7 +45,11 @@ def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -
 
 
 __all__ = [
+    "KV_CACHED",
     "MECHANISMS",
+    "ClippedSoftmaxAttention",
+    "GatedAttention",
+    "clipped_softmax",
     "ElitaAttention",
     "ElitaState",
     "FeedForward2",

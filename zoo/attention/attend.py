@@ -64,17 +64,21 @@ def allowed_keys(lq: int, lk: int, device, causal: bool = False,
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False,
                       key_padding_mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                      quiet: bool = False) -> torch.Tensor:
-    """The weights `attend` applies, (B, H, Lq, Lk), built explicitly (the fused kernels never
-    materialize them): for pictures (zoo.viz.capture), never on the model's own path.
+                      quiet: bool = False, clip: tuple[float, float] | None = None) -> torch.Tensor:
+    """The weights `attend` applies, (B, H, Lq, Lk), built explicitly in at least float32: for pictures
+    (zoo.viz.capture), and for the normalization no fused kernel computes (clipped softmax).
     With quiet, rows sum to less than 1: the rest is the weight of "nothing"."""
+    from zoo.attention.clipped import clipped_softmax
     from zoo.attention.quiet import softmax_one
 
-    logits = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    wide = torch.promote_types(q.dtype, torch.float32)
+    logits = (q.to(wide) @ k.to(wide).transpose(-1, -2)) * q.shape[-1] ** -0.5
     if bias is not None:
-        logits = logits + bias.float()
+        logits = logits + bias.to(wide)
     allowed = allowed_keys(q.shape[-2], k.shape[-2], q.device, causal, key_padding_mask)
     logits = logits.masked_fill(~allowed, float("-inf"))
+    if clip is not None:
+        return clipped_softmax(logits, -1, *clip)
     return softmax_one(logits, dim=-1) if quiet else logits.softmax(-1)
 
 
@@ -87,6 +91,7 @@ def attend(
     key_padding_mask: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     quiet: bool = False,
+    clip: tuple[float, float] | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Multi-head attention over q (B, H, Lq, d) and k, v (B, H, Lk, d).
@@ -96,8 +101,13 @@ def attend(
     key_padding_mask: (B, Lk) bool, True for real tokens; padded keys are never attended.
     bias: (H, Lq, Lk) additive logits (sciformer's trainable mask).
     quiet: normalize with softmax_one instead of softmax.
+    clip: (zeta, gamma) of the clipped softmax (zoo/attention/clipped.py), on the explicit path.
     """
     lq, lk = q.shape[-2], k.shape[-2]
+    if clip is not None:  # no fused kernel computes it: the weights are built, then applied
+        weights = attention_weights(q, k, causal=causal, key_padding_mask=key_padding_mask, bias=bias, clip=clip)
+        weights = F.dropout(weights, dropout_p) if dropout_p else weights
+        return weights.to(v.dtype) @ v
     if key_padding_mask is None and bias is None and (not causal or lq == lk):
         if quiet and causal:
             # A dummy query in front keeps the problem square, so is_causal stays valid:

@@ -82,19 +82,34 @@ class SoftmaxAttention(nn.Module):
             )
         return self.attn_bias[:, start:stop, :stop]
 
+    def clip(self, keys: int, queries: int, device) -> tuple[float, torch.Tensor] | None:
+        """The clipped softmax's (zeta, gamma); None: a plain softmax (ClippedSoftmaxAttention overrides)."""
+        return None
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Per-token, per-head gates on the heads' outputs; None: ungated (GatedAttention overrides)."""
+        return None
+
+    def _gated(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        gates = self.gates(x)
+        return out if gates is None else out * gates.to(out.dtype)
+
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
-        q, k, v = self._split_heads(zero_padding(x, key_padding_mask))
+        x = zero_padding(x, key_padding_mask)
+        q, k, v = self._split_heads(x)
+        n = x.shape[1]
         out = attend(
             q, k, v,
             causal=self.causal,
             key_padding_mask=key_padding_mask,
-            bias=self._bias(0, x.shape[1]),
+            bias=self._bias(0, n),
             quiet=self.quiet,
+            clip=self.clip(n, n, x.device),
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return zero_padding(self._merge_heads(out), key_padding_mask)
+        return zero_padding(self._merge_heads(self._gated(out, x)), key_padding_mask)
 
     def step(self, x: torch.Tensor, state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
         """Attend from the new tokens x (batch, new, dim) to the cache and themselves."""
@@ -113,5 +128,6 @@ class SoftmaxAttention(nn.Module):
             start = state.length
             k = torch.cat([state.keys, k], dim=-2)
             v = torch.cat([state.values, v], dim=-2)
-        out = attend(q, k, v, causal=True, bias=self._bias(start, start + x.shape[1]), quiet=self.quiet)
-        return self._merge_heads(out), KVCache(k, v)
+        out = attend(q, k, v, causal=True, bias=self._bias(start, start + x.shape[1]), quiet=self.quiet,
+                     clip=self.clip(k.shape[-2], x.shape[1], x.device))
+        return self._merge_heads(self._gated(out, x)), KVCache(k, v)

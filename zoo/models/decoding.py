@@ -5,7 +5,7 @@
 
 ids are (batch, length) token ids; position is a 0-d int64 tensor (the number of tokens seen);
 state is every block's decoding state as plain tensors, in block order:
-    softmax, quiet:  keys, values         (batch, heads, tokens seen, head_dim) each: the KV cache
+    softmax, quiet, clipped, gated:  keys, values   (batch, heads, tokens seen, head_dim) each: the KV cache
     micro:           weighted_sum, score_sum   (batch, heads, head_dim), (batch, heads)
     elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
 Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `export`
@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from zoo.attention import KV_CACHED
 from zoo.attention.blocks import BLOCK
 from zoo.attention.elita import ElitaState
 from zoo.attention.micro import MicroState
 from zoo.attention.softmax import KVCache
 
-STATE_FIELDS = {"softmax": ("keys", "values"), "quiet": ("keys", "values"),
+STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED},
                 "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean")}
 
 
@@ -46,7 +47,7 @@ def _kind(state) -> str:
 def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list:
     a, b = tensors[0::2], tensors[1::2]
     kind = model.config["attention"]
-    if kind in ("softmax", "quiet"):
+    if kind in KV_CACHED:
         return [KVCache(k, v) for k, v in zip(a, b)]
     if kind == "micro":
         return [MicroState(s, z) for s, z in zip(a, b)]
@@ -101,7 +102,7 @@ def dynamic_shapes(model, prefill: bool):
     cached = Dim("cached", min=1, max=model.context_length - 1 if learned else 1 << 20)
     per_block = {"softmax": ({0: batch, 2: cached}, {0: batch, 2: cached}),
                  "micro": ({0: batch}, {0: batch}), "elita": ({0: batch}, {0: batch})}
-    kind = "softmax" if model.config["attention"] == "quiet" else model.config["attention"]
+    kind = "softmax" if model.config["attention"] in KV_CACHED else model.config["attention"]
     return ({0: batch}, None, per_block[kind] * len(model.blocks))  # the state: Step.forward's *state
 
 

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from zoo.attention import FusedAttention
+from zoo.attention import KV_CACHED, FusedAttention
 from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
 from zoo.models.arguments import label_names as check_label_names
 from zoo.models.backbone import TokenBackbone
@@ -80,7 +80,7 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
             patch_size = input_size  # each item of the collection is one whole patch
         if any(w % p for w, p in zip(input_size, patch_size)):
             raise ValueError(f"{owner} needs input_size divisible by patch_size, got {input_size} and {patch_size}")
-        check_choice(attention, ("softmax", "quiet", "micro"), "attention", owner)
+        check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         self.config = dict(
             input_size=list(input_size), patch_size=list(patch_size), in_chans=in_chans, num_classes=num_classes,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.attention import FusedAttention
+from zoo.attention import KV_CACHED, FusedAttention
 from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
 from zoo.models.arguments import label_names as check_label_names
 from zoo.models.backbone import TokenBackbone
@@ -56,7 +56,7 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         mean = channel_stats(mean, "mean", owner, in_chans)
         std = channel_stats(std, "std", owner, in_chans, positive=True)
         label_names = check_label_names(label_names, num_classes, owner)
-        check_choice(attention, ("softmax", "quiet", "micro"), "attention", owner)
+        check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)
         if img_size % patch_size:
@@ -147,3 +147,6 @@ for attention, prefix in (("softmax", "vit"), ("quiet", "quiet-vit"), ("micro", 
     for size, dims in (("tiny", TINY), ("small", SMALL)):
         register(f"{prefix}-{size}", "image", ImageTransformer, default_tag="mnist", attention=attention, **dims)
 register("fused-pool-vit-tiny", "image", ImageTransformer, global_pool="fused", **TINY)
+# the controls of Bondarenko et al. 2023 for the outlier study (issue 13): clipped softmax and gated attention
+for attention in ("clipped", "gated"):
+    register(f"{attention}-vit-tiny", "image", ImageTransformer, attention=attention, **TINY)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from zoo.attention import FeedForward2, build
+from zoo.attention import KV_CACHED, FeedForward2, build
 
 MLPS = ("mlp", "ffn2")
 POSITIONS = ("learned", "sincos", "none")
@@ -88,10 +88,10 @@ class Block(nn.Module):
         super().__init__()
         check_choice(mlp, MLPS, "mlp", "Block")
         extra = {}
-        if attention in ("softmax", "quiet"):
+        if attention in KV_CACHED:
             extra = {"max_len": max_len, "learned_bias": learned_bias, "dropout": dropout}
         elif learned_bias:
-            raise ValueError(f"learned_bias needs softmax or quiet attention, got attention={attention!r}")
+            raise ValueError(f"learned_bias needs one of {list(KV_CACHED)} attentions, got attention={attention!r}")
         if attention == "elita":
             extra = {"max_len": max_len or 1024}
         self.norm1 = nn.LayerNorm(dim)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.attention import KV_CACHED
 from zoo.models.arguments import integer, number, transformer_sizes
 from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
@@ -42,7 +43,7 @@ class TextTransformer(Releasable, nn.Module):
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
         if tokenizer is not None and not isinstance(tokenizer, dict):
             raise TypeError(f"{owner} tokenizer must be a dict (a tokenizer's to_dict()) or None, got {tokenizer!r}")
-        check_choice(attention, ("softmax", "quiet", "micro", "elita"), "attention", owner)
+        check_choice(attention, (*KV_CACHED, "micro", "elita"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         self.tokenizer = tokenizer_from_dict(tokenizer) if tokenizer else None
         if self.tokenizer is not None and self.tokenizer.vocab_size != vocab_size:
@@ -209,3 +210,5 @@ for attention, prefix, pos in (("softmax", "gpt", "learned"), ("quiet", "quiet-g
     for size, dims in (("tiny", TINY), ("small", SMALL)):
         mlp = "ffn2" if attention == "elita" else "mlp"
         register(f"{prefix}-{size}", "text", TextTransformer, attention=attention, pos_embed=pos, mlp=mlp, **dims)
+for attention in ("clipped", "gated"):  # the controls of Bondarenko et al. 2023 for the outlier study
+    register(f"{attention}-gpt-tiny", "text", TextTransformer, attention=attention, pos_embed="learned", **TINY)

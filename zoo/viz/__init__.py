@@ -133,12 +133,17 @@ def _input_pictures(model: nn.Module, x: torch.Tensor, grid) -> dict[str, tuple]
             out["attention_tokens"] = (figures.token_figure(tokens, weights[-1].mean(0),
                                                             "last layer, mean over heads"),
                                        {"weights": weights[-1].mean(0).numpy()})
-    quiet = [m for m in maps if m.kind == "quiet"]
+    quiet = [m for m in maps if "nothing" in m.extra]
     if quiet:
         nothing = torch.stack([m.extra["nothing"][0].mean(-1) for m in quiet])  # (layers, heads)
         out["quiet_nothing"] = (figures.per_head_figure(nothing, "mass on nothing (1 - row sum)",
-                                                        "quiet attention: weight given to nothing"),
+                                                        f"{quiet[0].kind} attention: weight given to nothing"),
                                 {"nothing": _stack(quiet, "nothing").numpy()})
+    gated = [m for m in maps if "gate" in m.extra and m.kind == "gated"]
+    if gated:
+        gates = torch.stack([m.extra["gate"][0].mean(-1) for m in gated])  # (layers, heads)
+        out["gates"] = (figures.per_head_figure(gates, "mean gate sigmoid(G(x))", "gated attention: how much of "
+                                                "each head passes"), {"gate": _stack(gated, "gate").numpy()})
     micro = [m for m in maps if m.kind == "micro"]
     if micro and grid is not None and len(grid) == 2:
         prefix = getattr(model, "num_prefix_tokens", 0)

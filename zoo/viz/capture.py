@@ -7,8 +7,9 @@ input the weights it applied (the fused kernels never materialize them) and appe
 hooks only read.
 
 What each mechanism gives, per layer (B: batch, H: heads, L: tokens):
-- softmax, quiet: `weights` (B, H, L, L), softmax or softmax_one of the logits with the layer's
-  mask and learned bias; for quiet, `nothing` (B, H, L) = 1 - each row's sum.
+- softmax, quiet, clipped, gated: `weights` (B, H, L, L), softmax, softmax_one or the clipped
+  softmax of the logits with the layer's mask and learned bias; for quiet and clipped, `nothing`
+  (B, H, L) = 1 - each row's sum; for gated, `gate` (B, H, L), each head's gate per token.
 - micro: `scores` s_t (B, H, L), and `weights` (B, H, L, L), each token's weight in the mean a
   query subtracts: s_j / sum_k s_k over the keys it sees (all, or those up to it when causal).
 - elita: `weights` (B, H, L, L), the convex mix the output is: g_i on the token itself plus
@@ -33,19 +34,25 @@ from zoo.attention.elita import _PAD_LOGIT
 @dataclass
 class AttentionMap:
     layer: str  # the module's name in the model, e.g. "blocks.2.attn"
-    kind: str  # softmax, quiet, micro, elita or fused
+    kind: str  # softmax, quiet, clipped, gated, micro, elita or fused
     weights: torch.Tensor | None = None  # (B, H, L, L)
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # nothing, scores or alpha
 
 
 @torch.no_grad()
 def _softmax(module: SoftmaxAttention, x, mask) -> AttentionMap:
-    q, k, _ = module._split_heads(zero_padding(x, mask))
-    quiet = module.quiet
-    weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask,
-                                bias=module._bias(0, x.shape[1]), quiet=quiet)
-    extra = {"nothing": 1 - weights.sum(-1)} if quiet else {}
-    return AttentionMap("", "quiet" if quiet else "softmax", weights, extra)
+    x = zero_padding(x, mask)
+    q, k, _ = module._split_heads(x)
+    n = x.shape[1]
+    weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask, bias=module._bias(0, n),
+                                quiet=module.quiet, clip=module.clip(n, n, x.device))
+    extra, gates = {}, module.gates(x)
+    if module.quiet or module.clip(n, n, x.device) is not None:  # rows that may sum to less than 1
+        extra["nothing"] = 1 - weights.sum(-1)
+    if gates is not None:
+        extra["gate"] = gates[..., 0]  # (B, H, L): how much of each head's output passes
+    kind = "quiet" if module.quiet else "clipped" if "nothing" in extra else "gated" if gates is not None else "softmax"
+    return AttentionMap("", kind, weights, extra)
 
 
 @torch.no_grad()
