@@ -17,6 +17,7 @@ passed (zoo/atomic.py), so a failed export leaves nothing half-written.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import warnings
@@ -142,7 +143,7 @@ def export_onnx(model: nn.Module, outdir, overwrite: bool = True, tolerance: flo
     """Write `model` as an ONNX folder at outdir, each graph checked in ONNX Runtime (see the module
     docstring); returns the folder and the largest absolute difference of each graph."""
     _require_onnx()
-    model = model.eval().float()
+    model = copy.deepcopy(model).eval().float()  # the caller's model keeps its mode and dtype
     graphs = _graphs(model)
     diffs: dict[str, float] = {}
 
