@@ -21,6 +21,7 @@ import errno
 import functools
 import glob
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -68,6 +69,18 @@ def _lock(path: Path):
 
 def _staging_siblings(path: Path) -> list[Path]:
     return [Path(p) for p in glob.glob(str(path.parent / f".{glob.escape(path.name)}{STAGING}*"))]
+
+
+def marked_folder(path, marker: str, kind: str, allowed: tuple[str, ...] | None = None) -> bool:
+    """Whether `path` is a folder zoo wrote: its JSON `marker` file says {"format": kind}, and (with
+    `allowed`) it holds nothing but those names."""
+    path = Path(path)
+    try:
+        if allowed is not None and not {p.name for p in path.iterdir()} <= set(allowed):
+            return False
+        return json.loads((path / marker).read_text()).get("format") == kind
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def check_replaceable(path, ours: Callable[[Path], bool], what: str, overwrite: bool = True) -> None:

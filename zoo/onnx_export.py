@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zoo.atomic import replace_folder
+from zoo.atomic import marked_folder, replace_folder
 from zoo.attention import native
 from zoo.models import decoding
 
@@ -42,13 +42,7 @@ class OnnxExportError(ValueError):
 
 def is_onnx_folder(path) -> bool:
     """A folder this module wrote: nothing but its files, and a config.json that says format onnx."""
-    path = Path(path)
-    try:
-        if not {p.name for p in path.iterdir()} <= set(FILES):
-            return False
-        return json.loads((path / "config.json").read_text()).get("format") == FORMAT
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return False
+    return marked_folder(path, "config.json", FORMAT, FILES)
 
 
 def _require_onnx() -> None:

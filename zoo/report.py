@@ -18,22 +18,20 @@ import base64
 import html
 import io
 import json
+import math
 import os
 from pathlib import Path
 
 import torch
 
-from zoo.atomic import replace_folder
+from zoo.atomic import marked_folder, replace_folder
 
 MARKER = "report.json"
 PROMPT = "ROMEO:\nWhat light through yonder window"
 
 
 def is_report_folder(path) -> bool:
-    try:
-        return json.loads((Path(path) / MARKER).read_text()).get("format") == "zoo-report"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return False
+    return marked_folder(path, MARKER, "zoo-report", ("index.html", MARKER))
 
 
 def _png(figure) -> str:
@@ -78,7 +76,7 @@ def _checkpoint_section(checkpoints) -> str:
     rows, accuracy = [], {}
     for name, folder, config in checkpoints:
         training = config.get("training") or {}
-        params = sum(t.numel() for t in _weights(folder).values())
+        params = _parameter_count(folder)
         metrics = config.get("metrics") or {}
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith(("test/", "val/")))
         rows.append({"checkpoint": name, "parameters": f"{params:,}", "data": (training.get("data") or {}).get("name"),
@@ -91,10 +89,12 @@ def _checkpoint_section(checkpoints) -> str:
     return f'<section id="checkpoints"><h2>Checkpoints</h2>{_table(rows)}{plot}</section>'
 
 
-def _weights(folder: Path) -> dict:
-    from safetensors.torch import load_file
+def _parameter_count(folder: Path) -> int:
+    """The stored parameters, read from the safetensors header (no tensor is loaded)."""
+    from safetensors import safe_open
 
-    return load_file(folder / "model.safetensors")
+    with safe_open(folder / "model.safetensors", framework="pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
 def _bench_plots(name: str, data: dict) -> list[str]:

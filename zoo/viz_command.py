@@ -17,17 +17,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from zoo.atomic import replace_folder
+from zoo.atomic import marked_folder, replace_folder
 
 MARKER = "viz.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def is_viz_folder(path) -> bool:
-    try:
-        return json.loads((Path(path) / MARKER).read_text()).get("format") == "zoo-viz"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return False
+    return marked_folder(path, MARKER, "zoo-viz")
 
 
 def read_input(model: nn.Module, given: str) -> torch.Tensor:

@@ -59,6 +59,14 @@ def channel_stats(values, name: str, owner: str, channels: int, positive: bool =
     return [number(v, name, owner, low, include_minimum=not positive) for v in values]
 
 
+def classifier_arguments(owner: str, in_chans: int, num_classes: int, drop_path_rate, mean, std,
+                         names) -> tuple[float, list[float], list[float], list[str] | None]:
+    """What both image families take beside their sizes, checked: (drop_path_rate, mean, std, label_names)."""
+    return (number(drop_path_rate, "drop_path_rate", owner, maximum=1.0, include_maximum=False),
+            channel_stats(mean, "mean", owner, in_chans), channel_stats(std, "std", owner, in_chans, positive=True),
+            label_names(names, num_classes, owner))
+
+
 def label_names(names, num_classes: int, owner: str) -> list[str] | None:
     if names is None:
         return None

@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FusedAttention
-from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
-from zoo.models.arguments import label_names as check_label_names
+from zoo.models.arguments import classifier_arguments, integer, transformer_sizes
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding
@@ -69,10 +68,8 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
         collection = integer(collection, "collection", owner, 0)
         embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
-        drop_path_rate = number(drop_path_rate, "drop_path_rate", owner, maximum=1.0, include_maximum=False)
-        mean = channel_stats(mean, "mean", owner, in_chans)
-        std = channel_stats(std, "std", owner, in_chans, positive=True)
-        label_names = check_label_names(label_names, num_classes, owner)
+        drop_path_rate, mean, std, label_names = classifier_arguments(
+            owner, in_chans, num_classes, drop_path_rate, mean, std, label_names)
         if len(input_size) < 1 or len(patch_size) != len(input_size):
             raise ValueError(f"{owner} needs one patch width per input dimension, got input_size={input_size}, "
                              f"patch_size={patch_size}")

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FusedAttention
-from zoo.models.arguments import channel_stats, integer, number, transformer_sizes
-from zoo.models.arguments import label_names as check_label_names
+from zoo.models.arguments import classifier_arguments, integer, transformer_sizes
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
 from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
@@ -52,10 +51,8 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         in_chans, num_classes = integer(in_chans, "in_chans", owner), integer(num_classes, "num_classes", owner, 0)
         embed_dim, depth, num_heads, mlp_ratio, drop_rate = transformer_sizes(
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
-        drop_path_rate = number(drop_path_rate, "drop_path_rate", owner, maximum=1.0, include_maximum=False)
-        mean = channel_stats(mean, "mean", owner, in_chans)
-        std = channel_stats(std, "std", owner, in_chans, positive=True)
-        label_names = check_label_names(label_names, num_classes, owner)
+        drop_path_rate, mean, std, label_names = classifier_arguments(
+            owner, in_chans, num_classes, drop_path_rate, mean, std, label_names)
         check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from zoo.attention import ElitaAttention, FusedAttention, MicroAttention, SoftmaxAttention
-from zoo.attention.attend import attention_weights
+from zoo.attention.attend import allowed_keys, attention_weights
 from zoo.attention.checks import zero_padding
 from zoo.attention.elita import _PAD_LOGIT
 
@@ -44,10 +44,11 @@ def _softmax(module: SoftmaxAttention, x, mask) -> AttentionMap:
     x = zero_padding(x, mask)
     q, k, _ = module._split_heads(x)
     n = x.shape[1]
+    clip = module.clip(n, n, x.device)
     weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask, bias=module._bias(0, n),
-                                quiet=module.quiet, clip=module.clip(n, n, x.device))
+                                quiet=module.quiet, clip=clip)
     extra, gates = {}, module.gates(x)
-    if module.quiet or module.clip(n, n, x.device) is not None:  # rows that may sum to less than 1
+    if module.quiet or clip is not None:  # rows that may sum to less than 1
         extra["nothing"] = 1 - weights.sum(-1)
     if gates is not None:
         extra["gate"] = gates[..., 0]  # (B, H, L): how much of each head's output passes
@@ -60,10 +61,7 @@ def _micro(module: MicroAttention, x, mask) -> AttentionMap:
     scores, _ = module._scores_and_tokens(zero_padding(x, mask), mask)  # (B, L, H), zero at padding
     s = scores.transpose(1, 2)  # (B, H, L)
     n = s.shape[-1]
-    seen = torch.ones(n, n, dtype=torch.bool, device=s.device)
-    if module.causal:
-        seen = seen.tril()
-    per_key = s[:, :, None, :] * seen  # (B, H, queries, keys)
+    per_key = s[:, :, None, :] * allowed_keys(n, n, s.device, module.causal)  # (B, H, queries, keys)
     total = per_key.sum(-1, keepdim=True)
     weights = per_key / torch.where(total > 0, total, 1.0)  # a query that has seen only zeros averages nothing
     return AttentionMap("", "micro", weights, {"scores": s})
@@ -78,8 +76,8 @@ def _elita(module: ElitaAttention, x, mask) -> AttentionMap:
     gate = torch.sigmoid(own - offset - log_norm).transpose(1, 2)  # g_i (B, H, L)
     l, a = history.transpose(1, 2), log_norm.transpose(1, 2)
     n = l.shape[-1]
-    future = torch.ones(n, n, dtype=torch.bool, device=l.device).triu(1)
-    mean = (l[..., None, :] - a[..., :, None]).masked_fill(future, float("-inf")).exp()  # e^{l_j - A_i}
+    seen = allowed_keys(n, n, l.device, causal=True)
+    mean = (l[..., None, :] - a[..., :, None]).masked_fill(~seen, float("-inf")).exp()  # e^{l_j - A_i}
     weights = (1 - gate)[..., None] * mean + torch.diag_embed(gate)
     return AttentionMap("", "elita", weights, {"gate": gate})
 
