@@ -174,10 +174,9 @@ def ort_greedy(folder, prompt, max_new_tokens, window):
     return decoding.greedy(program("prefill"), program("step"), prompt, max_new_tokens, window)
 
 
-def check_onnx_folder(name, folder, capsys):
+def check_onnx_folder(name, folder):
     config = json.loads((folder / "config.json").read_text())
-    out = capsys.readouterr().out
-    assert config["format"] == "onnx" and config["opset"] == 18 and "largest absolute difference" in out
+    assert config["format"] == "onnx" and config["opset"] == 18
     assert all(f["max_abs_diff"] <= 1e-4 for f in config["files"].values())
     model = zoo.load(name)
     import onnxruntime as ort
@@ -202,14 +201,16 @@ def check_onnx_folder(name, folder, capsys):
 @pytest.mark.parametrize("name", ["vit-tiny.mnist", "micro-gpt-tiny.shakespeare", "gpt-tiny.shakespeare"])
 def test_zoo_export_onnx(name, tmp_path, capsys):
     zoo_export(name, tmp_path / "out", "--format", "onnx")
-    check_onnx_folder(name, tmp_path / "out", capsys)
+    assert "largest absolute difference" in capsys.readouterr().out
+    check_onnx_folder(name, tmp_path / "out")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_zoo_export_onnx_every_checkpoint(name, tmp_path, capsys):
     zoo_export(name, tmp_path / "out", "--format", "onnx")
-    check_onnx_folder(name, tmp_path / "out", capsys)
+    assert "largest absolute difference" in capsys.readouterr().out
+    check_onnx_folder(name, tmp_path / "out")
 
 
 def test_zoo_export_onnx_refusals(tmp_path, monkeypatch, capsys):
@@ -259,3 +260,38 @@ def test_aot_compiled_step_decodes_generates_tokens(tmp_path):
     prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: ")])
     got = decoding.greedy(prefill.module(), compiled_step, prompt, 60)
     assert torch.equal(got, model.generate(prompt, 60, temperature=0))
+
+
+def test_onnx_export_of_a_model_with_nan_writes_nothing(tmp_path):
+    from zoo.onnx_export import OnnxExportError, export_onnx
+
+    model = zoo.create("vit-tiny").eval()
+    with torch.no_grad():
+        model.head.bias[0] = float("nan")
+    with pytest.raises(OnnxExportError, match="differs from PyTorch by nan"):
+        export_onnx(model, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    assert torch.isnan(model.head.bias[0])  # the caller's model is untouched
+
+
+def test_greedy_bounds_its_length():
+    with pytest.raises(ValueError, match="max_new_tokens must be between 0 and 1000000"):
+        decoding.greedy(None, None, torch.zeros(1, 1, dtype=torch.long), 10**9)
+
+
+def test_two_processes_exporting_to_one_folder_take_turns(tmp_path):
+    """Two `zoo export --format onnx --overwrite` at once: each builds beside OUT and swaps in under the
+    folder's lock, so OUT ends as one whole export and nothing staged is left."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "zoo.cli", "export", "vit-tiny.mnist", str(tmp_path / "out"), "--format", "onnx",
+               "--overwrite"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+    from zoo.onnx_export import is_onnx_folder
+
+    assert is_onnx_folder(tmp_path / "out") and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    check_onnx_folder("vit-tiny.mnist", tmp_path / "out")

@@ -59,3 +59,18 @@ def test_report_page_in_a_real_browser(tmp_path):
     assert json.loads((tmp_path / "report" / "report.json").read_text())["checkpoints"] == names
     for heading in ("Checkpoints", "Benchmarks", "Pictures", "attention", "models", "deploy"):
         assert heading in body
+
+
+def test_report_never_replaces_a_users_folder(tmp_path):
+    from zoo.report import is_report_folder
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "index.html").write_text("<p>my page</p>")
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit, match="holds files that are not a zoo report folder"):
+        main(["report", "--out", str(tmp_path / "mine"), "--overwrite"])
+    assert (tmp_path / "mine" / "index.html").read_text() == "<p>my page</p>"
+    (tmp_path / "mine" / "report.json").write_text('{"format": "zoo-report"}')
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    assert not is_report_folder(tmp_path / "mine")  # a marker alone does not make another file ours

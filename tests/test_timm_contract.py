@@ -248,3 +248,32 @@ def test_pretrained_cfg_overlay_takes_another_file():
     x = torch.rand(2, 1, 28, 28)
     torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
     assert model.config["label_names"] == reference.config["label_names"]
+
+
+def test_pretrained_weights_only_safetensors_and_finite(tmp_path):
+    from safetensors.torch import save_file
+
+    with pytest.raises(ValueError, match="safetensors files only"):
+        timm.create_model("vit_tiny", pretrained=True, pretrained_cfg_overlay={"file": str(tmp_path / "w.pth")})
+    state = {k: v.clone() for k, v in zoo.load("vit-tiny.mnist").state_dict().items()}
+    state["blocks.0.attn.qkv.weight"][0, 0] = float("inf")
+    save_file(state, tmp_path / "bad.safetensors")
+    with pytest.raises(ValueError, match="'blocks.0.attn.qkv.weight' holds NaN or infinite values"):
+        timm.create_model("vit_tiny", pretrained=True,
+                          pretrained_cfg_overlay={"file": str(tmp_path / "bad.safetensors")})
+
+
+def test_bad_device_indices_and_formats_are_named():
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        zoo.create("vit-tiny", device="gpu7")
+    model = zoo.create("vit-tiny")
+    x = torch.rand(1, 1, 28, 28)
+    with pytest.raises(ValueError, match="has 4 blocks; indices=5"):
+        model.forward_intermediates(x, indices=5)
+    with pytest.raises(ValueError, match=r"indices 0..3 or -4..-1\), got indices=\[0, 9\]"):
+        model.forward_intermediates(x, indices=[0, 9])
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"):
+        model.forward_intermediates(x, output_fmt="NHWC")
+    collection = zoo.create("fused-2d-tiny", collection=5, input_size=(8, 8), patch_size=(8, 8))
+    with pytest.raises(ValueError, match="tokens have no grid: use output_fmt='NLC'"):
+        collection.forward_intermediates(torch.rand(1, 5, 1, 8, 8))

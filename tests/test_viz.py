@@ -342,3 +342,17 @@ def test_callback_switched_on_from_a_recipe(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     drawn = {p.name for p in tmp_path.glob("logs/lightning_logs/version_0/pictures/epoch-0/*.png")}
     assert {"micro_saliency.png", "rollout.png", "attention_distance.png", "patch_filters.png"} <= drawn
+
+
+def test_pictures_refuse_non_finite_inputs(tmp_path):
+    model = zoo.create("vit-tiny")
+    x = torch.rand(1, 1, 28, 28)
+    x[0, 0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        pictures(model, x)
+    with pytest.raises(ValueError, match="finite floating-point input, got torch.uint8"):
+        pictures(model, torch.zeros(1, 1, 28, 28, dtype=torch.uint8))
+    np.save(tmp_path / "nan.npy", np.full((28, 28), np.nan, dtype=np.float32))
+    with pytest.raises(SystemExit, match="NaN or infinite"):
+        viz("vit-tiny.mnist", "--out", tmp_path / "out", "--input", tmp_path / "nan.npy")
+    assert not (tmp_path / "out").exists()

@@ -88,6 +88,12 @@ def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, d
 
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device must name a torch device ('cpu', 'cuda:0', 'meta', ...), got {device!r}: "
+                             f"{error}") from None
     check_budget(cls, args, max_parameters)
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = cls(**args)

@@ -59,9 +59,13 @@ def _build(cls: type, device=None, dtype=None, **kwargs):
     return build(cls, kwargs, device=device, dtype=dtype)
 
 
-def _adapt_patch_embed(state_dict: dict, model) -> dict:
-    """A FusedAttentionNetwork embeds patches with a linear map over (C, p1, p2): for another channel
-    count, adapt it as timm adapts a first convolution (timm's own adaptation handles only Conv2d)."""
+def _check_and_adapt(state_dict: dict, model) -> dict:
+    """Weights as timm read them: refused if not finite (as zoo.load refuses them); and, as a
+    FusedAttentionNetwork embeds patches with a linear map over (C, p1, p2), that map adapted to
+    another channel count as timm adapts a first convolution (timm's own adaptation handles only Conv2d)."""
+    for name, tensor in state_dict.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"pretrained tensor {name!r} holds NaN or infinite values; zoo loads only finite weights")
     weight = state_dict.get("patch_embed.weight")
     if not isinstance(model, FusedAttentionNetwork) or weight is None:
         return state_dict
@@ -88,6 +92,8 @@ def _entrypoint(e: Entry):
                 tags = [t for t in default_cfgs[arch].tags if t]
                 hint = f"its tags are {tags}" if tags else "pretrained=False builds it with random weights"
                 raise ValueError(f"{arch} has no pretrained weights in this config; {hint}")
+            if cfg.get("file") and not str(cfg["file"]).endswith(".safetensors"):
+                raise ValueError(f"{arch}: zoo loads weights from safetensors files only, got {cfg['file']}")
             release = Path(cfg["file"]).parent if cfg.get("file") else None
             if release is not None and (release / CONFIG).is_file():  # the checkpoint's own arguments
                 args.update(read_config((release / CONFIG).read_bytes(), release / CONFIG)["args"])
@@ -98,7 +104,7 @@ def _entrypoint(e: Entry):
         model = build_model_with_cfg(
             functools.partial(_build, e.cls), arch, pretrained,
             pretrained_cfg=cfg, feature_cfg={"feature_cls": "getter", "out_indices": args.pop("out_indices", 3)},
-            pretrained_filter_fn=_adapt_patch_embed, cache_dir=cache_dir, **args,
+            pretrained_filter_fn=_check_and_adapt, cache_dir=cache_dir, **args,
         )
         if hasattr(model, "save_pretrained"):  # not timm's features_only wrapper
             model.model_name = e.name

@@ -128,6 +128,10 @@ def greedy(prefill: Callable, step: Callable, ids: torch.Tensor, max_new_tokens:
            window: int | None = None) -> torch.Tensor:
     """Greedy decoding with two tensor programs, token for token what `generate(temperature=0)` does:
     past `window` tokens (learned positions), the last `window` are run through prefill again."""
+    from zoo.models.arguments import integer
+    from zoo.models.text_transformer import MAX_NEW_TOKENS
+
+    integer(max_new_tokens, "max_new_tokens", "greedy", 0, MAX_NEW_TOKENS)
     out = ids
     logits, position, *state = prefill(ids[:, -window:] if window else ids)
     for _ in range(max_new_tokens):

@@ -48,6 +48,9 @@ def check_input(model: nn.Module, x: torch.Tensor) -> None:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"pictures take one input of shape (1, {', '.join(map(str, shape))}) for "
                          f"{type(model).__name__}, got {got}; model.preprocess makes one from an image or array")
+    if not x.is_floating_point() or not bool(torch.isfinite(x).all()):
+        raise ValueError(f"pictures take a finite floating-point input, got {x.dtype}"
+                         + ("" if not x.is_floating_point() else " holding NaN or infinite values"))
 
 
 @torch.no_grad()
