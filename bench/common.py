@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from zoo.training.precision import cpu_flags  # noqa: F401  (the benchmarks report it)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -79,17 +81,6 @@ def machine() -> dict:
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }
-
-
-def cpu_flags() -> list[str]:
-    """The CPU features that decide which kernels are fast here (from /proc/cpuinfo; empty elsewhere)."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [flag for flag in wanted if flag in flags]
 
 
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:

@@ -104,6 +104,58 @@ def test_missing_data_fails_with_a_clear_message(tmp_path):
 # ---- tasks ----------------------------------------------------------------------------------
 
 
+def test_torchvision_augmentation_settings(tmp_path):
+    from torch.utils.data import TensorDataset
+
+    x = torch.arange(2 * 28 * 28, dtype=torch.float32).view(2, 1, 28, 28)
+    data = TensorDataset(x.repeat(50, 1, 1, 1), torch.zeros(100, dtype=torch.long))
+    flipped = FashionMNIST(root=str(tmp_path), shift=0, flip=True).train_transform(data)
+    seen = [flipped[i][0] for i in range(100)]
+    plain = sum(torch.equal(s, x[i % 2]) for i, s in enumerate(seen))
+    mirrored = sum(torch.equal(s, x[i % 2].flip(-1)) for i, s in enumerate(seen))
+    assert plain + mirrored == 100 and 25 < mirrored < 75  # each image as it is or mirrored, about half each
+    assert MNIST(root=str(tmp_path), shift=0).train_transform(data) is data  # nothing to do: the data untouched
+    assert MNIST(root=str(tmp_path)).shift == 2 and not MNIST(root=str(tmp_path)).flip
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"shift must be a whole number of pixels >= 0, got {bad!r}"):
+            MNIST(root=str(tmp_path), shift=bad)
+
+
+def test_precision_auto_follows_the_measured_matmul_rates(monkeypatch):
+    from zoo.training import precision
+
+    def rates(fp32, bf16):
+        monkeypatch.setattr(precision, "matmul_rate", lambda dtype, **kw: bf16 if dtype == torch.bfloat16 else fp32)
+        precision.choose.cache_clear()
+
+    monkeypatch.setattr(precision.torch.cuda, "is_available", lambda: False)
+    try:
+        rates(332.0, 173.0)  # a CPU without AMX, as measured on one (issue 13)
+        choice = precision.choose("cpu")
+        assert choice.precision == "32-true" and "0.52x the float32 rate" in choice.reason
+        assert "173 against 332 GFLOP/s" in choice.reason and "CPU flags" in choice.reason
+        rates(100.0, 149.0)
+        assert precision.choose("cpu").precision == "32-true"
+        rates(100.0, 150.0)
+        assert precision.choose("cpu").precision == "bf16-mixed"
+        rates(107.0, 1309.0)
+        trainer = precision.Trainer(precision="auto", accelerator="cpu", logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False)
+        assert trainer.precision == "bf16-mixed" and trainer.precision_reason.startswith("auto: a bf16 matrix")
+        given = precision.Trainer(precision="32", accelerator="cpu", logger=False, enable_checkpointing=False)
+        assert given.precision == "32-true" and given.precision_reason is None
+    finally:
+        precision.choose.cache_clear()
+
+
+def test_matmul_rate_is_a_plausible_measurement():
+    from zoo.training.precision import cpu_flags, matmul_rate
+
+    rate = matmul_rate(torch.float32, size=256, repeats=2)
+    assert 0.1 < rate < 1e5  # GFLOP/s: anything from a slow emulator to a big server
+    assert set(cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"}
+
+
 def test_weight_decay_groups_and_schedule():
     model = zoo.create("gpt-tiny", depth=1)
     decay, no_decay = parameter_groups(model, 0.1)
@@ -177,6 +229,7 @@ def test_cli_fit_test_and_export(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     card = (tmp_path / "release" / "README.md").read_text()
     assert "test/acc" in card and "zoo fit --config" in card
+    assert "`precision: auto` chose " in card and "CPU flags" in card  # the recipe's precision is auto
     metrics = json.loads((tmp_path / "release" / "config.json").read_text())["metrics"]
     model = zoo.load(tmp_path / "release")
     assert model.config["img_size"] == 8 and 0.0 <= metrics["test/acc"] <= 1.0

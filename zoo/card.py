@@ -130,6 +130,9 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
             lines += [f"Took {training['seconds'] / 60:.1f} minutes of wall-clock time on a "
                       f"{training.get('machine', '')} CPU with {threads} thread{'s' if threads != 1 else ''}"
                       + (f" ({', '.join(done)})." if done else "."), ""]
+        if training.get("precision_reason"):
+            reason = training["precision_reason"].removeprefix("auto: ")
+            lines += [f"`precision: auto` chose {training['precision']}: {reason}.", ""]
     lines += ["## Use", "", f"```python\n{_usage(name, config)}\n```", "",
               "## Limitations", "", *_limitations(config, data), "",
               "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]

@@ -27,6 +27,7 @@ def run_lightning(args: list[str], run: bool = True):
     from lightning.pytorch.cli import LightningCLI
 
     from zoo.training.export import ExportRelease
+    from zoo.training.precision import Trainer
 
     class ZooCLI(LightningCLI):
         def add_arguments_to_parser(self, parser):
@@ -56,7 +57,7 @@ def run_lightning(args: list[str], run: bool = True):
                 config.checkpoint.dirpath = str(Path(root) / "checkpoints" / run)
 
     return ZooCLI(
-        L.LightningModule, L.LightningDataModule,
+        L.LightningModule, L.LightningDataModule, trainer_class=Trainer,
         subclass_mode_model=True, subclass_mode_data=True,
         args=args,
         trainer_defaults={"default_root_dir": "runs"},

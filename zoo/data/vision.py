@@ -11,10 +11,21 @@ from zoo.data.sampling import RandomShift
 class _Torchvision(ArrayClassificationData):
     dataset_name: str
 
+    default_shift = 2
+
     def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
-                 **kwargs):
+                 shift: int | None = None, flip: bool = False, **kwargs):
         super().__init__(root, batch_size, **kwargs)
-        self.download, self.augment = download, augment
+        shift = self.default_shift if shift is None else shift
+        if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+            raise ValueError(f"shift must be a whole number of pixels >= 0, got {shift!r}")
+        self.download, self.augment, self.shift, self.flip = download, augment, shift, bool(flip)
+
+    def train_transform(self, dataset):
+        """Random translations by up to `shift` pixels and, with `flip`, left-right mirror images."""
+        if not self.augment or (self.shift == 0 and not self.flip):
+            return dataset
+        return RandomShift(dataset, self.shift, flip=self.flip, seed=self.seed)
 
     def _dataset(self, train: bool):
         import torchvision
@@ -45,9 +56,6 @@ class MNIST(_Torchvision):
     info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.1307], "std": [0.3081],
             "label_names": [str(i) for i in range(10)]}
 
-    def train_transform(self, dataset):
-        return RandomShift(dataset, 2, seed=self.seed) if self.augment else dataset
-
 
 class FashionMNIST(MNIST):
     dataset_name, dataset = "FashionMNIST", "Fashion-MNIST"
@@ -59,11 +67,13 @@ class FashionMNIST(MNIST):
 
 class CIFAR10(_Torchvision):
     dataset_name, dataset = "CIFAR10", "CIFAR-10"
+    default_shift = 4
     hub_dataset = "uoft-cs/cifar10"
     info = {"num_classes": 10, "in_chans": 3, "input_size": [32, 32], "mean": [0.4914, 0.4822, 0.4465],
             "std": [0.2470, 0.2435, 0.2616],
             "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                             "truck"]}
 
-    def train_transform(self, dataset):
-        return RandomShift(dataset, 4, flip=True, seed=self.seed) if self.augment else dataset
+    def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
+                 shift: int | None = None, flip: bool = True, **kwargs):
+        super().__init__(root, batch_size, download, augment, shift, flip, **kwargs)

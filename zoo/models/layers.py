@@ -96,6 +96,9 @@ class Block(nn.Module):
             extra = {"max_len": max_len or 1024}
         self.norm1 = nn.LayerNorm(dim)
         self.attn = build(attention, dim, heads=heads, causal=causal, **extra)
+        # The residual stream between the two halves, which norm2 and the second sum both read:
+        # an identity, so that a hook (fake quantization, activation statistics) can see and replace it.
+        self.after_attn = nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, mlp_ratio, dropout) if mlp == "mlp" else FeedForward2(dim)
         self.drop_path = nn.Identity()
@@ -105,10 +108,10 @@ class Block(nn.Module):
             self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), key_padding_mask=key_padding_mask))
+        x = self.after_attn(x + self.drop_path(self.attn(self.norm1(x), key_padding_mask=key_padding_mask)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def step(self, x: torch.Tensor, state=None):
         y, state = self.attn.step(self.norm1(x), state)
-        x = x + y
+        x = self.after_attn(x + y)
         return x + self.mlp(self.norm2(x)), state

@@ -71,7 +71,7 @@ class ExportRelease(L.Callback):
             state = torch.load(best, map_location=pl_module.device, weights_only=True)["state_dict"]
             pl_module.load_state_dict(state)
         run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
-               "target": self.target}
+               "precision_reason": getattr(trainer, "precision_reason", None), "target": self.target}
         if best:
             run["selected_by"] = f"{callback.monitor} ({callback.mode})"
             run["best_score"] = float(callback.best_model_score) if callback.best_model_score is not None else None

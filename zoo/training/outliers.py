@@ -1,0 +1,64 @@
+"""Track activation outliers while a model trains: kurtosis and max |x| every N steps.
+
+Outliers of the kind quiet-attention.md and Bondarenko et al. 2023 describe grow during
+training, so a value at the end says less than its curve. Switched on from a recipe:
+
+    trainer:
+      callbacks:
+        - class_path: zoo.training.outliers.TrackOutliers
+          init_args: {every_n_steps: 100}
+
+Every `every_n_steps` optimizer steps, the model (in eval mode, without gradients) reads the
+same held-out batch, the first of the validation data, and the logger gets
+`outliers/kurtosis` (mean over the watched layers of the per-input Pearson kurtosis) and
+`outliers/max_abs` (the largest magnitude in any of them); see zoo.quantization.outliers.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from zoo.quantization.outliers import ActivationStats
+
+
+class TrackOutliers(L.Callback):
+    def __init__(self, every_n_steps: int = 100, max_inputs: int = 64):
+        for name, value in (("every_n_steps", every_n_steps), ("max_inputs", max_inputs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrackOutliers {name} must be an integer >= 1, got {value!r}")
+        self.every_n_steps, self.max_inputs = every_n_steps, max_inputs
+        self.batch = None
+
+    def _held_out(self, trainer) -> torch.Tensor:
+        if self.batch is None:
+            loaders = trainer.val_dataloaders  # None before the first validation without a sanity check
+            if loaders is None and trainer.datamodule is not None:
+                loaders = trainer.datamodule.val_dataloader()
+            loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+            if loader is None:
+                raise RuntimeError("TrackOutliers measures on the first validation batch; this run has no "
+                                   "validation data")
+            batch = next(iter(loader))
+            self.batch = (batch[0] if isinstance(batch, (list, tuple)) else batch)[: self.max_inputs]
+        return self.batch
+
+    def measure(self, trainer, pl_module) -> dict[str, float]:
+        x = self._held_out(trainer).to(pl_module.device)
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), ActivationStats(model) as stats:
+                model(x)
+        finally:
+            model.train(was_training)
+        summary = stats.summary()
+        return {"outliers/kurtosis": summary["kurtosis"], "outliers/max_abs": summary["max_abs"]}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        metrics = self.measure(trainer, pl_module)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)

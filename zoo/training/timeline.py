@@ -1,0 +1,71 @@
+"""A run's validation metrics against its training wall time, kept across resumes.
+
+    trainer:
+      callbacks:
+        - class_path: zoo.training.timeline.Timeline
+          init_args: {path: runs/my-run/timeline.jsonl}
+
+After every validation (not the sanity check), rank zero appends one JSON line: epoch,
+step, the wall-clock seconds the run has trained so far and the validation metrics. The
+seconds are carried in the checkpoint, so that a run killed and resumed with
+`--ckpt_path last` goes on counting from where its checkpoint was saved (the time lost
+after that checkpoint is not counted; lines the killed run wrote after it appear again
+from the resumed one, and `read` keeps the last line of each step). This is what "the wall
+time to reach a target" is read from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+
+
+class Timeline(L.Callback):
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.before = 0.0  # seconds trained before this fit started (from the checkpoint)
+        self.started = None
+
+    def seconds(self) -> float:
+        return self.before + (time.monotonic() - self.started if self.started is not None else 0.0)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.started = time.monotonic()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        line = {"epoch": trainer.current_epoch, "step": trainer.global_step, "seconds": round(self.seconds(), 2),
+                "metrics": metrics}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:  # one short line per write, appended: never a half-rewritten file
+            f.write(json.dumps(line) + "\n")
+
+    def state_dict(self) -> dict:
+        return {"seconds": self.seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = float(state_dict["seconds"])
+
+
+def read(path) -> list[dict]:
+    """The timeline's lines in step order, the last one written for each step."""
+    lines = {}
+    for text in Path(path).read_text().splitlines():
+        if text.strip():
+            entry = json.loads(text)
+            lines[entry["step"]] = entry
+    return [lines[step] for step in sorted(lines)]
+
+
+def time_to(path, metric: str, target: float, higher_is_better: bool = True) -> dict | None:
+    """The first timeline entry whose `metric` reaches `target`, or None."""
+    for entry in read(path):
+        value = entry["metrics"].get(metric)
+        if value is not None and (value >= target if higher_is_better else value <= target):
+            return entry
+    return None
