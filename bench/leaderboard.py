@@ -52,6 +52,9 @@ RUNS = REPO / "bench" / "runs" / "leaderboard"
 OUT = RESULTS / "leaderboard.json"
 IMAGE_MODELS = ("vit-tiny", "quiet-vit-tiny", "micro-vit-tiny", "fused-pool-vit-tiny")
 TEXT_MODELS = ("gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny")
+# Outliers form during training: the text runs log kurtosis and max |x| every 100 steps (bench/outliers.py).
+TRACK_OUTLIERS = ("--trainer.callbacks+=zoo.training.outliers.TrackOutliers", "--trainer.callbacks.every_n_steps",
+                  "100", "--trainer.callbacks.path", "{folder}/outliers.jsonl")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ class Group:
     higher_is_better: bool
     target: float | None = None
     val_metric: str | None = None  # what the timeline reads to time reaching the target
-    extra: tuple[str, ...] = ()  # more `zoo fit` arguments (the budget, for the 4x text runs)
+    extra: tuple[str, ...] = ()  # more `zoo fit` arguments; "{folder}" is the run's folder
+    recipe_of: str | None = None  # train every model with this model's recipe (the outlier controls)
     ships: bool = True  # whether its seed-0 runs are the shipped checkpoints
     data: str = "root"  # "root": --data.init_args.root DATA; "text": the tiny-shakespeare file under it
     notes: str = ""
@@ -80,11 +84,18 @@ GROUPS = (
     Group("mnist", "mnist", IMAGE_MODELS, (0, 1, 2), "test/acc", True, 0.99, "val/acc"),
     Group("fashion", "fashion", IMAGE_MODELS, (0, 1, 2), "test/acc", True, 0.90, "val/acc"),
     Group("shakespeare", "shakespeare", TEXT_MODELS, (0, 1, 2), "val/loss", False, data="text",
-          notes="nanoGPT's CPU budget: context 64, batch 12, 2000 steps"),
-    Group("shakespeare-4x", "shakespeare", TEXT_MODELS, (0,), "val/loss", False, data="text", ships=False,
-          extra=("--data.init_args.train_samples", "96000", "--trainer.val_check_interval", "2000"),
-          notes="the same recipe with 4x the steps (8000), one seed"),
+          extra=TRACK_OUTLIERS, notes="nanoGPT's CPU budget: context 64, batch 12, 2000 steps"),
+    Group("shakespeare-controls", "shakespeare", ("clipped-gpt-tiny", "gated-gpt-tiny"), (0, 1, 2), "val/loss",
+          False, data="text", extra=TRACK_OUTLIERS, recipe_of="gpt-tiny", ships=False,
+          notes="the outlier study's positive controls, on gpt-tiny's recipe"),
     Group("adrenal", "adrenal", ("fused-3d-tiny",), (0, 1, 2), "test/auroc", True, 0.85, "val/auroc"),
+    Group("shakespeare-4x", "shakespeare", TEXT_MODELS, (0,), "val/loss", False, data="text", ships=False,
+          extra=("--data.init_args.train_samples", "96000", "--trainer.val_check_interval", "2000",
+                 *TRACK_OUTLIERS),
+          notes="the same recipe with 4x the steps (8000), one seed"),
+    Group("mnist-controls", "mnist", ("clipped-vit-tiny", "gated-vit-tiny"), (0, 1, 2), "test/acc", True, 0.99,
+          "val/acc", recipe_of="vit-tiny", ships=False,
+          notes="the outlier study's positive controls, on vit-tiny's recipe"),
 )
 
 
@@ -104,14 +115,15 @@ class Run:
 
     @property
     def recipe(self) -> Path:
-        return REPO / "recipes" / f"{self.model}.{self.group.tag}.yaml"
+        return REPO / "recipes" / f"{self.group.recipe_of or self.model}.{self.group.tag}.yaml"
 
     def command(self, data_root: Path) -> list[str]:
         data = (["--data.init_args.path", str(data_root / "tinyshakespeare" / "input.txt")]
                 if self.group.data == "text" else ["--data.init_args.root", str(data_root)])
         args = ["zoo", "fit", "--config", str(self.recipe.relative_to(REPO)), *data,
                 "--seed_everything", str(self.seed), "--data.init_args.seed", str(self.seed),
-                *self.group.extra,
+                *(["--model.init_args.model_name", self.model] if self.group.recipe_of else []),
+                *(arg.format(folder=self.folder.relative_to(REPO)) for arg in self.group.extra),
                 "--trainer.default_root_dir", str(self.folder.relative_to(REPO)),
                 "--export.dirpath", str((self.folder / "release").relative_to(REPO)),
                 "--trainer.enable_progress_bar", "false",
@@ -183,7 +195,8 @@ def save(results: dict) -> None:
                           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "cpu_flags": cpu_flags()}
     results["groups"] = {g.name: {"models": list(g.models), "seeds": list(g.seeds), "metric": g.metric,
-                                  "target": g.target, "recipe": f"recipes/<model>.{g.tag}.yaml",
+                                  "target": g.target,
+                                  "recipe": f"recipes/{g.recipe_of or '<model>'}.{g.tag}.yaml",
                                   "extra_arguments": list(g.extra), "notes": g.notes} for g in GROUPS}
     results["cells"] = cells(results)
     RESULTS.mkdir(exist_ok=True)

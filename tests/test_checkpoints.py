@@ -53,6 +53,14 @@ def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
     assert not model.training
     params = sum(p.numel() for p in model.parameters())
     assert f"{params:,} parameters" in card
+    board = config.get("leaderboard")
+    if board:  # a seed-0 run of bench/leaderboard.py: its card gives the table's mean and spread, from the JSON
+        table = json.loads((REPO / board["results"]).read_text())
+        record = table["runs"][f"{board['group']}/{config['model_name']}/seed0"]
+        assert record["metrics"] == config["metrics"] and board["values"][board["seeds"].index(0)] == record["metric"]
+        cell = next(c for c in table["cells"] if (c["group"], c["model"]) == (board["group"], config["model_name"]))
+        assert (board["mean"], board["std"], board["values"]) == (cell["mean"], cell["std"], cell["values"])
+        assert f"{board['metric']} {board['mean']:.4f}" in card and "seed-0 run of the leaderboard" in card
 
 
 def test_three_lines_classify_a_real_digit():

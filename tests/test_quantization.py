@@ -1,5 +1,6 @@
 """Outlier statistics and W8A8 fake quantization against formulas written out in float64."""
 
+import json
 import math
 
 import pytest
@@ -158,11 +159,14 @@ def test_track_outliers_logs_during_training(tmp_path):
                               data_info=dm.data_info)
     trainer = L.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_steps=6, logger=logger,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, callbacks=[TrackOutliers(every_n_steps=2, max_inputs=16)])
+                        num_sanity_val_steps=0,
+                        callbacks=[TrackOutliers(every_n_steps=2, max_inputs=16, path=str(tmp_path / "o.jsonl"))])
     trainer.fit(task, dm)
     tracked = [(step, m) for step, m in logger.logged if "outliers/kurtosis" in m]
     assert [step for step, _ in tracked] == [2, 4, 6]
     assert all(m["outliers/kurtosis"] >= 1.0 and math.isfinite(m["outliers/max_abs"]) for _, m in tracked)
     assert task.model.training  # measured in eval mode, handed back in train mode
+    lines = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["kurtosis"]) for line in lines] == [(s, m["outliers/kurtosis"]) for s, m in tracked]
     with pytest.raises(ValueError, match="every_n_steps must be an integer >= 1, got 0"):
         TrackOutliers(every_n_steps=0)

@@ -299,3 +299,59 @@ def test_every_recipe_builds_its_model_and_data(recipe, tmp_path, monkeypatch):
     cli = run_lightning(["--config", str(REPO / "recipes" / recipe), *override], run=False)
     assert recipe == "quickstart.yaml" or recipe.startswith(cli.model.model.model_name + ".")
     assert sum(p.numel() for p in cli.model.parameters()) * 4 < 10e6
+
+
+@needs_data
+def test_leaderboard_commands_parse_into_the_runs_they_name(tmp_path, monkeypatch):
+    """Each group's `zoo fit` command builds the model it names, with its seed, budget and callbacks."""
+    sys.path.insert(0, str(REPO))
+    from bench.leaderboard import GROUPS, Run
+    from zoo.cli import run_lightning
+    from zoo.training.outliers import TrackOutliers
+    from zoo.training.timeline import Timeline
+
+    monkeypatch.chdir(REPO)  # the commands name the recipes relative to the repository
+    for group in GROUPS:
+        run = Run(group, group.models[-1], group.seeds[-1])
+        command = run.command(ROOT)
+        assert command[:2] == ["zoo", "fit"] and "--ckpt_path" not in command
+        cli = run_lightning(command[2:], run=False)
+        assert cli.model.model.model_name == run.model and cli.datamodule.seed == run.seed
+        kinds = {type(c) for c in cli.trainer.callbacks}
+        assert Timeline in kinds and (TrackOutliers in kinds) == group.name.startswith("shakespeare")
+        if group.name == "shakespeare-4x":
+            assert cli.datamodule.train_samples == 4 * 24_000
+        assert cli.trainer.precision in ("bf16-mixed", "32-true")
+
+
+def test_timeline_counts_training_time_across_a_resume(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from zoo.training.timeline import Timeline, read, time_to
+
+    path = tmp_path / "timeline.jsonl"
+
+    def fit(epochs, ckpt_path=None):
+        L.seed_everything(0)
+        dm = Digits(batch_size=64)
+        task = ClassificationTask("vit-tiny", {"depth": 1, "patch_size": 2, "embed_dim": 32, "num_heads": 2},
+                                  data_info=dm.data_info)
+        timeline = Timeline(str(path))
+        trainer = L.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=epochs, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1,
+                            callbacks=[timeline, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+        trainer.fit(task, dm, ckpt_path=ckpt_path)
+        return timeline
+
+    fit(2)
+    first = read(path)
+    assert [e["epoch"] for e in first] == [0, 1]  # one line per validation, none for the sanity check
+    assert 0 < first[0]["seconds"] < first[1]["seconds"] and "val/acc" in first[0]["metrics"]
+    resumed = fit(3, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert resumed.before >= first[1]["seconds"]  # the checkpoint carried the time trained so far
+    lines = read(path)
+    assert [e["epoch"] for e in lines] == [0, 1, 2] and lines[2]["seconds"] > lines[1]["seconds"]
+    best = max(e["metrics"]["val/acc"] for e in lines)
+    assert time_to(path, "val/acc", best)["metrics"]["val/acc"] == best
+    assert time_to(path, "val/acc", 1.01) is None
+    assert time_to(path, "val/loss", lines[0]["metrics"]["val/loss"], higher_is_better=False) == lines[0]

@@ -119,6 +119,8 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
                   f"```\n{CHECK_COMMAND.format(name=name)}\n```", ""]
         if training.get("target"):
             lines += [_target(training["target"], metrics), ""]
+        if config.get("leaderboard"):
+            lines += _leaderboard(config["leaderboard"], config.get("model_name") or name)
     else:
         lines += ["No metrics were recorded with these weights: `zoo export CKPT DIR --config RECIPE` measures "
                   "them at export.", ""]
@@ -137,6 +139,17 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
               "## Limitations", "", *_limitations(config, data), "",
               "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]
     return "\n".join(lines)
+
+
+def _leaderboard(board: dict, model: str) -> list[str]:
+    """The card's account of the seeds: this checkpoint is one run of several, and how the others did."""
+    values = ", ".join(f"{v:.4f}" for v in board["values"])
+    spread = f" ± {board['std']:.4f} (sample standard deviation)" if board.get("std") is not None else ""
+    return [f"These weights are the seed-0 run of the leaderboard's `{board['group']}` group. Over seeds "
+            f"{', '.join(map(str, board['seeds']))} the same recipe gave {board['metric']} "
+            f"{board['mean']:.4f}{spread}: {values}. The table is in `{board['results']}`; to train the "
+            f"seeds again:", "",
+            f"```\n{board['command']} --only '{board['group']}/{model}/*'\n```", ""]
 
 
 def rewrite_card(folder) -> None:

@@ -12,9 +12,13 @@ Every `every_n_steps` optimizer steps, the model (in eval mode, without gradient
 same held-out batch, the first of the validation data, and the logger gets
 `outliers/kurtosis` (mean over the watched layers of the per-input Pearson kurtosis) and
 `outliers/max_abs` (the largest magnitude in any of them); see zoo.quantization.outliers.
+With `path`, rank zero also appends them as JSON lines (step, kurtosis, max_abs) to that file.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -23,11 +27,12 @@ from zoo.quantization.outliers import ActivationStats
 
 
 class TrackOutliers(L.Callback):
-    def __init__(self, every_n_steps: int = 100, max_inputs: int = 64):
+    def __init__(self, every_n_steps: int = 100, max_inputs: int = 64, path: str | None = None):
         for name, value in (("every_n_steps", every_n_steps), ("max_inputs", max_inputs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrackOutliers {name} must be an integer >= 1, got {value!r}")
         self.every_n_steps, self.max_inputs = every_n_steps, max_inputs
+        self.path = Path(path) if path is not None else None
         self.batch = None
 
     def _held_out(self, trainer) -> torch.Tensor:
@@ -62,3 +67,8 @@ class TrackOutliers(L.Callback):
         metrics = self.measure(trainer, pl_module)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:  # appended a line at a time, as Timeline does
+                f.write(json.dumps({"step": trainer.global_step, "kurtosis": metrics["outliers/kurtosis"],
+                                    "max_abs": metrics["outliers/max_abs"]}) + "\n")
