@@ -283,6 +283,33 @@ def table(results: dict) -> None:
                  "val reached (min)"])
 
 
+def markdown(results: dict) -> None:
+    """The README's tables: one per group, every figure from the JSON."""
+    for g in GROUPS:
+        group_cells = [c for c in results.get("cells", []) if c["group"] == g.name]
+        if not group_cells:
+            continue
+        percent = g.metric.endswith("acc")
+        recipe = f"recipes/{g.recipe_of or '<model>'}.{g.tag}.yaml"
+        print(f"\n**{g.name}** ({g.metric}{', %' if percent else ''}; {recipe}{'; ' + g.notes if g.notes else ''})\n")
+        head = "| model | params | mean ± std | seeds | each seed | minutes per run |"
+        rule = "|---|---|---|---|---|---|"
+        if g.target is not None:
+            head += " target | validation reached it after (min) |"
+            rule += "---|---|"
+        print(head + "\n" + rule)
+        for c in group_cells:
+            scale, digits = (100.0, 2) if percent else (1.0, 3)
+            std = f" ± {c['std'] * scale:.{digits}f}" if c["std"] is not None else ""
+            each = ", ".join(f"{v * scale:.{digits}f}" for v in c["values"])
+            line = (f"| `{c['model']}` | {c['params'] / 1e3:.0f}k | {c['mean'] * scale:.{digits}f}{std} | "
+                    f"{len(c['seeds'])} | {each} | {c['train_minutes_mean']:.1f} |")
+            if g.target is not None:
+                verdict = f"{c['seeds_meeting_target']}/{len(c['seeds'])} seeds >= {g.target * scale:g}"
+                line += f" {verdict} | {', '.join(map(str, c['validation_reached_target_in_minutes'])) or '-'} |"
+            print(line)
+
+
 def ship(results: dict) -> None:
     """Copy each shipping group's seed-0 release to checkpoints/<model>.<tag>/, its card carrying the table."""
     from zoo.atomic import replace_folder
@@ -327,6 +354,7 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="list the runs and whether each is done")
     parser.add_argument("--table", action="store_true", help="only print the table from the JSON")
     parser.add_argument("--ship", action="store_true", help="copy the seed-0 runs to checkpoints/")
+    parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
     args = parser.parse_args()
     runs = [r for r in all_runs() if fnmatch.fnmatch(r.key, args.only)]
     results = load()
@@ -338,6 +366,9 @@ def main() -> None:
         return
     if args.ship:
         ship(results)
+        return
+    if args.markdown:
+        markdown(results)
         return
     if not args.table:
         run_all(runs, args.jobs, Path(args.data_root), args.threads)  # as given: it goes into the cards
