@@ -11,12 +11,13 @@ from zoo.data.sampling import RandomShift
 class _Torchvision(ArrayClassificationData):
     dataset_name: str
 
-    default_shift = 2
+    default_shift, default_flip = 2, False  # the set's usual augmentation, where the recipe says nothing
 
     def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
-                 shift: int | None = None, flip: bool = False, **kwargs):
+                 shift: int | None = None, flip: bool | None = None, **kwargs):
         super().__init__(root, batch_size, **kwargs)
         shift = self.default_shift if shift is None else shift
+        flip = self.default_flip if flip is None else flip
         if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
             raise ValueError(f"shift must be a whole number of pixels >= 0, got {shift!r}")
         self.download, self.augment, self.shift, self.flip = download, augment, shift, bool(flip)
@@ -67,13 +68,9 @@ class FashionMNIST(MNIST):
 
 class CIFAR10(_Torchvision):
     dataset_name, dataset = "CIFAR10", "CIFAR-10"
-    default_shift = 4
+    default_shift, default_flip = 4, True
     hub_dataset = "uoft-cs/cifar10"
     info = {"num_classes": 10, "in_chans": 3, "input_size": [32, 32], "mean": [0.4914, 0.4822, 0.4465],
             "std": [0.2470, 0.2435, 0.2616],
             "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
                             "truck"]}
-
-    def __init__(self, root: str = "data", batch_size: int = 128, download: bool = True, augment: bool = True,
-                 shift: int | None = None, flip: bool = True, **kwargs):
-        super().__init__(root, batch_size, download, augment, shift, flip, **kwargs)
