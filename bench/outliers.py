@@ -176,7 +176,7 @@ def table(results: dict) -> None:
         rows.append({"group": cell["group"], "model": cell["model"], "seeds": len(cell["seeds"]),
                      "metric": "test acc %" if acc else "val loss",
                      "float": fmt(cell["float"], scale, digits), "kurtosis": fmt(cell["kurtosis"], digits=1),
-                     "max |x|": fmt(cell["max_abs"], digits=1), "W8A8": fmt(cell["w8a8"], scale, digits),
+                     "max abs": fmt(cell["max_abs"], digits=1), "W8A8": fmt(cell["w8a8"], scale, digits),
                      "W8A8 drop": fmt(cell["w8a8_degradation"], scale, digits),
                      "torchao int8": fmt(cell["torchao_int8"], scale, digits),
                      "torchao drop": fmt(cell["torchao_degradation"], scale, digits),
