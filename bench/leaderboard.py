@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, cpu_flags, print_table  # noqa: E402
 from zoo.training.timeline import read as read_timeline  # noqa: E402
+from zoo.training.timeline import time_to  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "bench" / "runs" / "leaderboard"
@@ -143,12 +144,10 @@ class Run:
         g = self.group
         reached = None
         if g.target is not None and g.val_metric:
-            for entry in timeline:
-                value = entry["metrics"].get(g.val_metric)
-                if value is not None and g.meets(value):
-                    reached = {"seconds": entry["seconds"], "epoch": entry["epoch"], "step": entry["step"],
-                               g.val_metric: value}
-                    break
+            entry = time_to(self.folder / "timeline.jsonl", g.val_metric, g.target, g.higher_is_better)
+            if entry is not None:
+                reached = {"seconds": entry["seconds"], "epoch": entry["epoch"], "step": entry["step"],
+                           g.val_metric: entry["metrics"][g.val_metric]}
         return {"group": g.name, "model": self.model, "seed": self.seed, "metrics": config["metrics"],
                 "metric": config["metrics"].get(g.metric), "params": params,
                 "train_seconds": timeline[-1]["seconds"] if timeline else training.get("seconds"),

@@ -73,8 +73,9 @@ def choose(accelerator: str = "cpu") -> Choice:
     flags = " ".join(cpu_flags()) or "none of " + " ".join(FLAGS)
     speedup = bf16 / fp32
     precision = "bf16-mixed" if speedup >= MIN_SPEEDUP else "32-true"
+    threads = torch.get_num_threads()
     return Choice(precision, f"a bf16 matrix product ran {speedup:.2f}x the float32 rate here "
-                             f"({bf16:.0f} against {fp32:.0f} GFLOP/s, {torch.get_num_threads()} threads; "
+                             f"({bf16:.0f} against {fp32:.0f} GFLOP/s, {threads} thread{'s' * (threads != 1)}; "
                              f"bf16-mixed from {MIN_SPEEDUP}x; CPU flags: {flags})")
 
 
