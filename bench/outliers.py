@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import RESULTS, cpu_flags, print_table, timeit_rotation, write_json  # noqa: E402
 from bench.leaderboard import GROUPS, Run  # noqa: E402
 
-STUDY = ("mnist", "mnist-controls", "shakespeare", "shakespeare-controls", "shakespeare-4x")
+STUDY = ("mnist", "mnist-controls", "shakespeare", "shakespeare-controls", "shakespeare-4x", "shakespeare-small")
 OUT = RESULTS / "outliers.json"
 
 
