@@ -303,7 +303,7 @@ def markdown(results: dict) -> None:
         print(head + "\n" + rule)
         for c in group_cells:
             scale, digits = (100.0, 2) if percent else (1.0, 3)
-            std = f" ± {c['std'] * scale:.{digits}f}" if c["std"] is not None else ""
+            std = f" ± {c['std'] * scale:.{digits}f}" if c["std"] is not None else " (one run)"
             each = ", ".join(f"{v * scale:.{digits}f}" for v in c["values"])
             line = (f"| `{c['model']}` | {c['params'] / 1e3:.0f}k | {c['mean'] * scale:.{digits}f}{std} | "
                     f"{len(c['seeds'])} | {each} | {c['train_minutes_mean']:.1f} |")
@@ -313,8 +313,11 @@ def markdown(results: dict) -> None:
             print(line)
 
 
-def ship(results: dict) -> None:
-    """Copy each shipping group's seed-0 release to checkpoints/<model>.<tag>/, its card carrying the table."""
+def ship(results: dict, pattern: str = "*") -> None:
+    """Copy each shipping group's seed-0 release to checkpoints/<model>.<tag>/, its card carrying the table.
+
+    Only groups whose every seed has finished ship: a card gives the mean and spread of all its seeds.
+    """
     from zoo.atomic import replace_folder
     from zoo.card import model_card
     from zoo.release import CARD, CONFIG, is_release_folder, load_release
@@ -325,8 +328,11 @@ def ship(results: dict) -> None:
             continue
         for model in g.models:
             key = f"{g.name}/{model}/seed0"
-            if key not in results["runs"]:
-                print(f"not shipped: {key} has not run")
+            if not fnmatch.fnmatch(key, pattern):
+                continue
+            missing = [s for s in g.seeds if f"{g.name}/{model}/seed{s}" not in results["runs"]]
+            if missing:
+                print(f"not shipped: {g.name}/{model} still lacks seeds {missing}")
                 continue
             source = Run(g, model, 0).folder / "release"
             target = REPO / "checkpoints" / f"{model}.{g.tag}"
@@ -368,7 +374,7 @@ def main() -> None:
             print(f"{r.key:45s} {state}")
         return
     if args.ship:
-        ship(results)
+        ship(results, args.only)
         return
     if args.markdown:
         markdown(results)
