@@ -18,7 +18,8 @@ this script measures it the same way for the models bench/leaderboard.py trained
 - torchao: int8 dynamic-activation, int8-weight quantization, per-tensor, of every linear
   layer but the head (what one would deploy), its metric and degradation, and its forward
   time against float32's (a ratio from one rotation, 1 thread, batch 64 images or 12
-  sequences of 64 tokens), eagerly and, for seed 0, both under torch.compile;
+  sequences of 64 tokens), eagerly and, for seed 0 of the mnist and shakespeare groups, both
+  under torch.compile;
 - during training (the text runs): kurtosis and max |x| every 100 steps (TrackOutliers),
   from which the table gives the largest seen.
 
@@ -122,7 +123,8 @@ def measure(run: Run, data_root: Path) -> dict:
         t_float, t_int8 = timeit_rotation([lambda: model(x), lambda: int8(x)], rounds=50)
     row["torchao_speedup"] = t_float / t_int8
     row["float_ms"], row["torchao_ms"] = t_float * 1e3, t_int8 * 1e3
-    if run.seed == 0:  # compiled too (the way torchao means its kernels to run), once per model: 30 s a compile
+    if run.seed == 0 and run.group.name in ("mnist", "shakespeare"):  # compiled too, as torchao means its kernels
+        # to run: once per model of the two main groups, as each compile takes about 30 s
         compiled_float, compiled_int8 = torch.compile(model), torch.compile(int8)
         with torch.no_grad():
             t_float, t_int8 = timeit_rotation([lambda: compiled_float(x), lambda: compiled_int8(x)], rounds=50)
