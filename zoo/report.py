@@ -133,6 +133,19 @@ def _bench_plots(name: str, data: dict) -> list[str]:
                                               {"torch.compile": [r["compiled_x"] for r in rows],
                                                "ONNX Runtime": [r["ort_x"] for r in rows]},
                                               "x eager", "batch-1 inference against eager"), "deployment speedups"))
+    if name == "leaderboard" and data.get("cells"):
+        for group in dict.fromkeys(c["group"] for c in data["cells"]):
+            cells = [c for c in data["cells"] if c["group"] == group]
+            points = {f"{c['model']} ({len(c['seeds'])} seed{'s' * (len(c['seeds']) != 1)})":
+                      (c["train_minutes_mean"], c["mean"]) for c in cells if c.get("train_minutes_mean")}
+            plots.append(_img(figures.scatter_figure(points, "training minutes (mean over seeds)",
+                                                     f"{cells[0]['metric']} (mean over seeds)",
+                                                     f"leaderboard: {group}"), f"leaderboard {group}"))
+    if name == "outliers" and data.get("cells"):
+        labels = [f"{c['group']}/{c['model']}" for c in data["cells"]]
+        plots.append(_img(figures.bars_figure(labels, {"kurtosis": [c["kurtosis"]["mean"] for c in data["cells"]]},
+                                              "Pearson kurtosis (Gaussian: 3)", "activation kurtosis, mean over "
+                                              "layers and seeds"), "outlier kurtosis"))
     return plots
 
 
