@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fcntl
 import json
 import statistics
 import sys
@@ -190,6 +191,18 @@ def table(results: dict) -> None:
     print_table("outliers (bench/results/outliers.json)", rows, list(rows[0]) if rows else ["group"])
 
 
+def add_row(key: str, row: dict) -> None:
+    """Put one run's row into the JSON: read, add, write, under a lock (two of these may run side by side)."""
+    RESULTS.mkdir(exist_ok=True)
+    with open(OUT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": {}}
+        results["rows"][key] = row
+        results["cells"] = summarize(results["rows"])
+        write_json("outliers", {"command": "python bench/outliers.py", "cpu_flags": cpu_flags(), "threads": 1,
+                                "rows": results["rows"], "cells": results["cells"]})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", nargs="+", default=list(STUDY), choices=STUDY)
@@ -212,10 +225,7 @@ def main() -> None:
                     if run.key not in finished or (run.key in results["rows"] and not args.redo):
                         continue
                     row = measure(run, Path(args.data_root))
-                    results["rows"][run.key] = row
-                    results["cells"] = summarize(results["rows"])
-                    write_json("outliers", {"command": "python bench/outliers.py", "cpu_flags": cpu_flags(),
-                                            "threads": 1, **{k: v for k, v in results.items() if k != "machine"}})
+                    add_row(run.key, row)
                     print(f"{run.key}: float {row['float']:.4f}, kurtosis {row['kurtosis']:.1f}, max|x| "
                           f"{row['max_abs']:.1f}, W8A8 {row['w8a8']:.4f}, torchao {row['torchao_int8']:.4f} "
                           f"({row['torchao_speedup']:.2f}x)", flush=True)

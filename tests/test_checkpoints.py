@@ -17,7 +17,8 @@ from .conftest import data_root
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_folders()
-PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "micro-vit-tiny.fashion",
+PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fused-pool-vit-tiny.mnist",
+           "micro-vit-tiny.fashion",
            "vit-tiny.fashion", "quiet-vit-tiny.fashion", "fused-1d-tiny.mnist1d", "fused-2d-tiny.mnist",
            "fused-3d-tiny.adrenal", "gpt-tiny.shakespeare", "quiet-gpt-tiny.shakespeare",
            "micro-gpt-tiny.shakespeare", "elita-gpt-tiny.shakespeare"]
