@@ -171,7 +171,7 @@ def fmt(stat: dict, scale: float = 1.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std * scale:.{digits}f}" if std is not None else "")
 
 
-def table(results: dict) -> None:
+def table(results: dict, markdown: bool = False) -> None:
     rows = []
     for cell in results.get("cells", []):
         acc = cell["metric"] == "test/acc"
@@ -188,7 +188,13 @@ def table(results: dict) -> None:
                                   if "torchao_speedup_compiled_seed0" in cell else "-"),
                      "train peak kurt": (f"{cell['training_peak_kurtosis']:.1f}"
                                          if "training_peak_kurtosis" in cell else "-")})
-    print_table("outliers (bench/results/outliers.json)", rows, list(rows[0]) if rows else ["group"])
+    if not markdown:
+        print_table("outliers (bench/results/outliers.json)", rows, list(rows[0]) if rows else ["group"])
+        return
+    columns = list(rows[0]) if rows else ["group"]
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(f"`{v}`" if k == "model" else str(v) for k, v in row.items()) + " |")
 
 
 def add_row(key: str, row: dict) -> None:
@@ -209,8 +215,12 @@ def main() -> None:
     parser.add_argument("--data-root", default="../shared/data")
     parser.add_argument("--redo", action="store_true", help="measure again runs already in the JSON")
     parser.add_argument("--table", action="store_true", help="only print the table from the JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the README's table from the JSON")
     args = parser.parse_args()
     results = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": {}}
+    if args.markdown:
+        table(results, markdown=True)
+        return
     if not args.table:
         torch.set_num_threads(1)
         torch.manual_seed(0)
