@@ -102,7 +102,9 @@ def test_wheel_install_loads_shipped_checkpoints_offline(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
                     str(wheel)], check=True, capture_output=True)
     name = SHIPPED[0].name
-    code = ("import zoo, sys; m = zoo.load(sys.argv[1]); "
+    packages = sorted(".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "zoo").rglob("__init__.py"))
+    code = ("import zoo, sys, importlib; m = zoo.load(sys.argv[1]); "
+            f"[importlib.import_module(p) for p in {packages!r}]; "  # every subpackage made it into the wheel
             "print(zoo.__file__); print(sorted(zoo.list_models(pretrained=True))); print(m.training)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code, name], cwd=tmp_path, env=env, capture_output=True, text=True)
