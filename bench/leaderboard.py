@@ -213,15 +213,16 @@ def cells(results: dict) -> list[dict]:
     out = []
     for g in GROUPS:
         for model in g.models:
-            done = [r for r in results["runs"].values()
-                    if r["group"] == g.name and r["model"] == model and r.get("metric") is not None]
+            done = sorted((r for r in results["runs"].values()
+                           if r["group"] == g.name and r["model"] == model and r.get("metric") is not None),
+                          key=lambda r: r["seed"])  # values in seed order, whatever order the runs finished in
             if not done:
                 continue
             values = [r["metric"] for r in done]
             times = [r["train_seconds"] for r in done if r.get("train_seconds") is not None]
             reached = [r["target_reached_on_validation"]["seconds"] for r in done
                        if r.get("target_reached_on_validation")]
-            cell = {"group": g.name, "model": model, "metric": g.metric, "seeds": sorted(r["seed"] for r in done),
+            cell = {"group": g.name, "model": model, "metric": g.metric, "seeds": [r["seed"] for r in done],
                     "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
                     "values": values, "params": done[0]["params"],
                     "train_minutes_mean": statistics.fmean(times) / 60 if times else None,
