@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -107,3 +109,12 @@ def write_json(name: str, payload: dict) -> Path:
     tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     tmp.replace(path)
     return path
+
+
+@contextlib.contextmanager
+def locked(name: str):
+    """Hold bench/results/NAME.lock: processes that read, change and rewrite NAME.json take turns."""
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

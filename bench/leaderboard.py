@@ -25,7 +25,6 @@ machine), so their times are wall-clock times with the other core busy.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import fnmatch
 import json
 import math
@@ -44,7 +43,7 @@ from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, cpu_flags, print_table  # noqa: E402
+from bench.common import RESULTS, cpu_flags, locked, print_table  # noqa: E402
 from zoo.training.timeline import read as read_timeline  # noqa: E402
 from zoo.training.timeline import time_to  # noqa: E402
 
@@ -174,9 +173,7 @@ def load() -> dict:
 
 def add_record(key: str, record: dict) -> None:
     """Put one run's record into the JSON: read, add, write, under a lock (runners may work side by side)."""
-    RESULTS.mkdir(exist_ok=True)
-    with open(OUT.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked("leaderboard"):
         results = load()
         results["runs"][key] = record
         save(results)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import fcntl
 import json
 import statistics
 import sys
@@ -43,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, cpu_flags, print_table, timeit_rotation, write_json  # noqa: E402
+from bench.common import RESULTS, cpu_flags, locked, print_table, timeit_rotation, write_json  # noqa: E402
 from bench.leaderboard import GROUPS, Run  # noqa: E402
 
 STUDY = ("mnist", "mnist-controls", "shakespeare", "shakespeare-controls", "shakespeare-4x", "shakespeare-small")
@@ -199,9 +198,7 @@ def table(results: dict, markdown: bool = False) -> None:
 
 def add_row(key: str, row: dict) -> None:
     """Put one run's row into the JSON: read, add, write, under a lock (two of these may run side by side)."""
-    RESULTS.mkdir(exist_ok=True)
-    with open(OUT.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked("outliers"):
         results = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": {}}
         results["rows"][key] = row
         results["cells"] = summarize(results["rows"])

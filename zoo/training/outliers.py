@@ -24,6 +24,7 @@ import lightning as L
 import torch
 
 from zoo.quantization.outliers import ActivationStats
+from zoo.training.pictures import first_validation_inputs
 
 
 class TrackOutliers(L.Callback):
@@ -37,15 +38,10 @@ class TrackOutliers(L.Callback):
 
     def _held_out(self, trainer) -> torch.Tensor:
         if self.batch is None:
-            loaders = trainer.val_dataloaders  # None before the first validation without a sanity check
-            if loaders is None and trainer.datamodule is not None:
-                loaders = trainer.datamodule.val_dataloader()
-            loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-            if loader is None:
+            self.batch = first_validation_inputs(trainer, self.max_inputs)
+            if self.batch is None:
                 raise RuntimeError("TrackOutliers measures on the first validation batch; this run has no "
                                    "validation data")
-            batch = next(iter(loader))
-            self.batch = (batch[0] if isinstance(batch, (list, tuple)) else batch)[: self.max_inputs]
         return self.batch
 
     def measure(self, trainer, pl_module) -> dict[str, float]:

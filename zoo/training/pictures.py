@@ -28,6 +28,19 @@ def figure_to_array(figure) -> np.ndarray:
     return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
 
 
+def first_validation_inputs(trainer, count: int) -> torch.Tensor | None:
+    """The first `count` inputs of the run's validation data (from the data module before the first
+    validation has set up the loaders), or None where the run has none."""
+    loaders = trainer.val_dataloaders
+    if loaders is None and trainer.datamodule is not None:
+        loaders = trainer.datamodule.val_dataloader()
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    if loader is None:
+        return None
+    batch = next(iter(loader))
+    return (batch[0] if isinstance(batch, (list, tuple)) else batch)[:count]
+
+
 class DrawPictures(L.Callback):
     def __init__(self, every_n_epochs: int = 1, include_model: bool = True):
         if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
@@ -35,15 +48,6 @@ class DrawPictures(L.Callback):
         import zoo.viz  # noqa: F401  (fails here, at configuration, where matplotlib is missing)
 
         self.every_n_epochs, self.include_model = every_n_epochs, include_model
-
-    def _input(self, trainer) -> torch.Tensor | None:
-        loaders = trainer.val_dataloaders
-        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        if loader is None:
-            return None
-        batch = next(iter(loader))
-        x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return x[:1]
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -54,7 +58,7 @@ class DrawPictures(L.Callback):
 
         from zoo.viz import pictures
 
-        x = self._input(trainer)
+        x = first_validation_inputs(trainer, 1)
         drawn = pictures(pl_module.model, None if x is None else x.to(pl_module.device),
                          include_model=self.include_model)
         for logger in trainer.loggers:
