@@ -170,3 +170,29 @@ def test_track_outliers_logs_during_training(tmp_path):
     assert [(line["step"], line["kurtosis"]) for line in lines] == [(s, m["outliers/kurtosis"]) for s, m in tracked]
     with pytest.raises(ValueError, match="every_n_steps must be an integer >= 1, got 0"):
         TrackOutliers(every_n_steps=0)
+
+
+def test_bad_inputs_are_named_not_hidden(tmp_path):
+    from zoo.training.outliers import TrackOutliers
+    from zoo.training.timeline import Timeline
+
+    torch.manual_seed(0)
+    model = zoo.create("vit-tiny", img_size=28, in_chans=1, num_classes=10, depth=1).eval()
+    x = torch.randn(2, 1, 28, 28)
+    x[1, 0, 3, 3] = float("nan")
+    with torch.no_grad(), ActivationStats(model) as stats:
+        model(x)
+    assert math.isnan(stats.summary()["max_abs"])  # a NaN activation shows, it is not dropped by max()
+    broken = zoo.create("vit-tiny", img_size=28, in_chans=1, num_classes=10, depth=1)
+    with torch.no_grad():
+        broken.blocks[0].mlp[0].weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.0\.weight holds NaN or inf"):
+        W8A8(broken)
+    with pytest.raises(ValueError, match="calibration saw NaN or inf activations"):
+        W8A8(model).calibrate(x for _ in range(16))
+    for cls in (Timeline, lambda path: TrackOutliers(path=path)):
+        with pytest.raises(IsADirectoryError, match="is a folder"):
+            cls(str(tmp_path))
+        (tmp_path / "file").write_text("")
+        with pytest.raises(NotADirectoryError, match="a part of its folder is a file"):
+            cls(str(tmp_path / "file" / "log.jsonl"))

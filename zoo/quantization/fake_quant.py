@@ -19,6 +19,7 @@ arithmetic is float but every value a W8A8 kernel would see is representable in 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable
 
 import torch
@@ -99,6 +100,8 @@ class W8A8(nn.Module):
                 if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
                     if id(module.weight) in floats:
                         continue
+                    if not torch.isfinite(module.weight).all():
+                        raise ValueError(f"W8A8: {name}.weight holds NaN or inf; no int8 scale fits it")
                     module.weight.copy_(fake_quantize_weight(module.weight))
                     self._wrap(name, module, momentum)
                 elif isinstance(module, nn.LayerNorm):
@@ -127,6 +130,11 @@ class W8A8(nn.Module):
             seen += 1
         if seen < steps:
             raise ValueError(f"calibration needs {steps} batches, the data gave {seen}")
+        bad = [name for name, q in self.quantizers.items()
+               if q.low is not None and not (math.isfinite(q.low) and math.isfinite(q.high))]
+        if bad:
+            raise ValueError(f"calibration saw NaN or inf activations at {bad[:3]}"
+                             f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}: no int8 range fits them")
         for q in self.quantizers.values():
             q.estimating = False
         return self

@@ -9,8 +9,16 @@ kurtosis over its layers and the largest max |x| of any layer.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 from torch import nn
+
+
+def _max(a: float, b: float) -> float:
+    """max that keeps a NaN (Python's max drops it or not by argument order): a NaN activation is news."""
+    return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
 
 
 def pearson_kurtosis(x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +66,7 @@ class ActivationStats:
             kurtosis = pearson_kurtosis(out)
             self.kurtosis_sum[name] += float(kurtosis.sum())
             self.count[name] += kurtosis.numel()
-            self.max_abs[name] = max(self.max_abs[name], float(out.detach().abs().max()))
+            self.max_abs[name] = _max(self.max_abs[name], float(out.detach().abs().max()))
         return record
 
     def __enter__(self) -> ActivationStats:
@@ -77,5 +85,5 @@ class ActivationStats:
         layers = {name: {"kurtosis": self.kurtosis_sum[name] / self.count[name], "max_abs": self.max_abs[name]}
                   for name in seen}
         return {"kurtosis": sum(v["kurtosis"] for v in layers.values()) / len(layers),
-                "max_abs": max(v["max_abs"] for v in layers.values()),
+                "max_abs": functools.reduce(_max, (v["max_abs"] for v in layers.values())),
                 "inputs": self.count[seen[0]], "layers": layers}

@@ -25,7 +25,7 @@ import lightning as L
 
 class Timeline(L.Callback):
     def __init__(self, path: str):
-        self.path = Path(path)
+        self.path = writable_file(path, "Timeline path")
         self.before = 0.0  # seconds trained before this fit started (from the checkpoint)
         self.started = None
 
@@ -50,6 +50,16 @@ class Timeline(L.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.before = float(state_dict["seconds"])
+
+
+def writable_file(path, what: str) -> Path:
+    """`path` as a file to append to, refused now (not after an epoch of training) where it cannot be one."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. {path / 'log.jsonl'}")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise NotADirectoryError(f"{what} {path}: a part of its folder is a file")
+    return path
 
 
 def read(path) -> list[dict]:
