@@ -62,6 +62,7 @@ def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
         cell = next(c for c in table["cells"] if (c["group"], c["model"]) == (board["group"], config["model_name"]))
         assert (board["mean"], board["std"], board["values"]) == (cell["mean"], cell["std"], cell["values"])
         assert f"{board['metric']} {board['mean']:.4f}" in card and "seed-0 run of the leaderboard" in card
+        assert f"one run of {len(board['seeds'])}" in card and "One training run with one seed" not in card
 
 
 def test_three_lines_classify_a_real_digit():

@@ -87,13 +87,21 @@ def _limitations(config: dict, data: dict) -> list[str]:
                 "misspells freely; it knows nothing beyond that text and is meant for research on attention, "
                 "not for use.",
                 "- Its vocabulary is the characters of the training text; a prompt with any other character "
-                "raises an error."]
+                "raises an error.", *([_one_run(config)] if config.get("leaderboard") else [])]
     shape = [config["args"].get("in_chans", 1), *config["args"].get("input_size", [config["args"].get("img_size")] * 2)]
     return [f"- Trained and evaluated only on {name}: it expects inputs shaped like that data "
             f"({' x '.join(map(str, shape))}); `model.preprocess` resizes and normalizes, but inputs from "
             "another distribution are out of scope.",
-            "- One training run with one seed: differences of a few tenths of a point between models are "
-            "within run-to-run noise."]
+            _one_run(config)]
+
+
+def _one_run(config: dict) -> str:
+    board = config.get("leaderboard")
+    if board and len(board["seeds"]) > 1:
+        return (f"- These weights are one run of {len(board['seeds'])}: compare models by the seeds' mean and "
+                "spread above, not by this run's metrics.")
+    return ("- One training run with one seed: differences of a few tenths of a point between models are "
+            "within run-to-run noise.")
 
 
 def model_card(model: nn.Module, name: str, config: dict) -> str:
