@@ -196,3 +196,10 @@ def test_bad_inputs_are_named_not_hidden(tmp_path):
         (tmp_path / "file").write_text("")
         with pytest.raises(NotADirectoryError, match="a part of its folder is a file"):
             cls(str(tmp_path / "file" / "log.jsonl"))
+        (tmp_path / "notes.txt").write_text("my own notes\n")  # a file zoo did not write is never appended to
+        with pytest.raises(FileExistsError, match="is not a JSON-lines file"):
+            cls(str(tmp_path / "notes.txt"))
+        assert (tmp_path / "notes.txt").read_text() == "my own notes\n"
+    for steps in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="calibration steps must be an integer >= 1"):
+            W8A8(model).calibrate([x], steps)

@@ -357,3 +357,15 @@ def test_timeline_counts_training_time_across_a_resume(tmp_path):
     assert time_to(path, "val/acc", best)["metrics"]["val/acc"] == best
     assert time_to(path, "val/acc", 1.01) is None
     assert time_to(path, "val/loss", lines[0]["metrics"]["val/loss"], higher_is_better=False) == lines[0]
+
+
+def test_timeline_read_names_a_line_that_is_not_an_entry(tmp_path):
+    from zoo.training.timeline import read
+
+    path = tmp_path / "timeline.jsonl"
+    path.write_text('{"step": 1, "seconds": 2.0, "metrics": {}}\n{"step": 1, "sec')  # a line cut off mid-write
+    with pytest.raises(ValueError, match=r"line 2 is not a timeline entry"):
+        read(path)
+    path.write_text('{"step": 1, "seconds": 2.0, "metrics": {}}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"line 2 is not a timeline entry"):
+        read(path)

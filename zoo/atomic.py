@@ -53,6 +53,28 @@ def write_text_atomic(path, text: str) -> Path:
     return path
 
 
+def appendable_jsonl(path, what: str) -> Path:
+    """`path` as a JSON-lines file to append to, refused now (not after an epoch of training) where it
+    cannot be one, or where it already holds something that is not JSON lines: never write into a
+    file zoo did not write."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. {path / 'log.jsonl'}")
+    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
+        raise NotADirectoryError(f"{what} {path}: a part of its folder is a file")
+    if path.is_file():
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16).strip()
+        try:
+            ours = not first or isinstance(json.loads(first), dict)
+        except ValueError:
+            ours = False
+        if not ours:
+            raise FileExistsError(f"{what} {path} exists and is not a JSON-lines file; zoo appends only to its "
+                                  "own logs, so give a new file name")
+    return path
+
+
 def _lock(path: Path):
     """An exclusive lock for writers of `path`, shared by every process of this machine."""
     from filelock import FileLock

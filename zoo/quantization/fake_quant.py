@@ -120,6 +120,8 @@ class W8A8(nn.Module):
     @torch.no_grad()
     def calibrate(self, batches: Iterable, steps: int = CALIBRATION_BATCHES) -> W8A8:
         """Estimate every activation range over the first `steps` batches (inputs, or (inputs, labels) pairs)."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"calibration steps must be an integer >= 1, got {steps!r}")
         for q in self.quantizers.values():
             q.estimating, q.low, q.high = True, None, None
         seen = 0

@@ -22,9 +22,9 @@ import json
 import lightning as L
 import torch
 
+from zoo.atomic import appendable_jsonl
 from zoo.quantization.outliers import ActivationStats
 from zoo.training.pictures import first_validation_inputs
-from zoo.training.timeline import writable_file
 
 
 class TrackOutliers(L.Callback):
@@ -33,7 +33,7 @@ class TrackOutliers(L.Callback):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrackOutliers {name} must be an integer >= 1, got {value!r}")
         self.every_n_steps, self.max_inputs = every_n_steps, max_inputs
-        self.path = writable_file(path, "TrackOutliers path") if path is not None else None
+        self.path = appendable_jsonl(path, "TrackOutliers path") if path is not None else None
         self.batch = None
 
     def _held_out(self, trainer) -> torch.Tensor:

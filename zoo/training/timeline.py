@@ -22,10 +22,12 @@ from pathlib import Path
 
 import lightning as L
 
+from zoo.atomic import appendable_jsonl
+
 
 class Timeline(L.Callback):
     def __init__(self, path: str):
-        self.path = writable_file(path, "Timeline path")
+        self.path = appendable_jsonl(path, "Timeline path")
         self.before = 0.0  # seconds trained before this fit started (from the checkpoint)
         self.started = None
 
@@ -52,23 +54,17 @@ class Timeline(L.Callback):
         self.before = float(state_dict["seconds"])
 
 
-def writable_file(path, what: str) -> Path:
-    """`path` as a file to append to, refused now (not after an epoch of training) where it cannot be one."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. {path / 'log.jsonl'}")
-    if any(parent.exists() and not parent.is_dir() for parent in path.parents):
-        raise NotADirectoryError(f"{what} {path}: a part of its folder is a file")
-    return path
-
-
 def read(path) -> list[dict]:
     """The timeline's lines in step order, the last one written for each step."""
     lines = {}
-    for text in Path(path).read_text().splitlines():
+    for number, text in enumerate(Path(path).read_text().splitlines(), 1):
         if text.strip():
-            entry = json.loads(text)
-            lines[entry["step"]] = entry
+            try:
+                entry = json.loads(text)
+                lines[entry["step"]] = entry
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"{path} line {number} is not a timeline entry (a JSON object with a step): "
+                                 f"{text[:80]!r}") from error
     return [lines[step] for step in sorted(lines)]
 
 
