@@ -581,6 +581,26 @@ def test_clipped_softmax_is_its_formula():
     assert torch.equal(x.grad[clipped.all(-1)], torch.zeros_like(x.grad[clipped.all(-1)]))
 
 
+@pytest.mark.parametrize("alpha, keys", [(4.0, 17), (1.5, 64), (0.5, 17)])
+def test_clipped_attention_with_alpha_above_one_empties_uniform_rows(alpha, keys):
+    """With gamma = -alpha / T a uniform row becomes (1 - alpha + alpha / T) / T: below zero from
+    alpha > T / (T - 1), so equal logits (a fresh model's) give an all-zero row and no gradient."""
+    torch.manual_seed(0)
+    layer = A.build("clipped", 16, heads=2, alpha=alpha)
+    token = torch.randn(16)
+    x = token.expand(1, keys, 16)  # every token alike: every key the same, so every row is uniform
+    out = layer(x)
+    out.square().sum().backward()
+    uniform = (1 - alpha + alpha / keys) / keys
+    if uniform < 0:  # nothing attended: the output is the projection's bias alone, and nothing trains q, k, v
+        torch.testing.assert_close(out, layer.proj.bias.expand_as(out))
+        assert torch.equal(layer.qkv.weight.grad, torch.zeros_like(layer.qkv.weight))
+    else:  # each of the T weights is `uniform`, so the row attends keys * uniform of the shared value
+        v = layer.qkv(token)[32:]
+        torch.testing.assert_close(out[0, 0], layer.proj(keys * uniform * v))
+        assert layer.qkv.weight.grad.abs().sum() > 0
+
+
 def control_reference(layer, x, causal: bool):
     """Clipped or gated attention in float64 from the layer's own weights, written out."""
     x = x.double()
