@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train every shipped checkpoint with its recipe, one after another, on this machine.
 # Each run exports its release folder to checkpoints/<name>.<tag>/ with a model card.
-# The leaderboard's checkpoints (MNIST ViTs, tiny-shakespeare GPTs) are its seed-0 runs, made by
+# The leaderboard's checkpoints (the MNIST and Fashion-MNIST ViTs, the tiny-shakespeare GPTs and
+# fused-3d-tiny.adrenal) are its seed-0 runs, made by
 # `python bench/leaderboard.py` and `--ship`, which adds the other seeds' mean and spread to their
 # cards; this script trains the same seed-0 runs without that table.
 #   ZOO_DATA=../shared/data bash checkpoints/train_all.sh [RECIPE ...]
@@ -12,7 +13,7 @@ if [ ${#recipes[@]} -eq 0 ]; then
   recipes=(micro-vit-tiny.mnist fused-pool-vit-tiny.mnist fused-1d-tiny.mnist1d fused-3d-tiny.adrenal
            gpt-tiny.shakespeare quiet-gpt-tiny.shakespeare micro-gpt-tiny.shakespeare elita-gpt-tiny.shakespeare
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
-           micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion)
+           micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

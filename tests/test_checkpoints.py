@@ -18,7 +18,7 @@ from .conftest import data_root
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = shipped_folders()
 PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fused-pool-vit-tiny.mnist",
-           "micro-vit-tiny.fashion",
+           "micro-vit-tiny.fashion", "fused-pool-vit-tiny.fashion",
            "vit-tiny.fashion", "quiet-vit-tiny.fashion", "fused-1d-tiny.mnist1d", "fused-2d-tiny.mnist",
            "fused-3d-tiny.adrenal", "gpt-tiny.shakespeare", "quiet-gpt-tiny.shakespeare",
            "micro-gpt-tiny.shakespeare", "elita-gpt-tiny.shakespeare"]
@@ -30,6 +30,12 @@ def test_every_planned_checkpoint_is_shipped():
     # without a tag, an image model loads its MNIST checkpoint, not the first tag alphabetically (fashion)
     assert zoo.load("micro-vit-tiny").config["label_names"] == [str(i) for i in range(10)]
     assert zoo.load("micro-vit-tiny.fashion").config["label_names"][0] == "T-shirt/top"
+
+
+def test_train_all_retrains_every_planned_checkpoint():
+    script = (REPO / "checkpoints" / "train_all.sh").read_text()
+    listed = script.split("recipes=(", 2)[2].split(")", 1)[0].split()  # the default list, after "recipes=("$@")"
+    assert sorted(listed) == sorted(PLANNED)
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)
@@ -63,6 +69,11 @@ def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
         assert (board["mean"], board["std"], board["values"]) == (cell["mean"], cell["std"], cell["values"])
         assert f"{board['metric']} {board['mean']:.4f}" in card and "seed-0 run of the leaderboard" in card
         assert f"one run of {len(board['seeds'])}" in card and "One training run with one seed" not in card
+        if training.get("target"):  # how many seeds met it, counted again from the JSON
+            _, op, value = training["target"].split()[:3]
+            met = sum(v >= float(value) if op == ">=" else v <= float(value) for v in cell["values"])
+            counted = "Every seed meets" if met == len(cell["values"]) else f"{met} of {len(cell['values'])} seeds"
+            assert counted in card
 
 
 def test_three_lines_classify_a_real_digit():

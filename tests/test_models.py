@@ -90,6 +90,31 @@ def test_card_is_written_from_config_alone(tmp_path):
     assert _target("val/loss <= 1.88 (x)", {"val/loss": 1.9}).endswith("**missed** by 0.02 (1.9).")
 
 
+def test_card_says_how_many_seeds_met_the_target(tmp_path):
+    """Seed 0 meeting the target says nothing of the other seeds: the card counts them."""
+    board = {"group": "fashion", "metric": "test/acc", "seeds": [0, 1, 2], "values": [0.9065, 0.8993, 0.9061],
+             "mean": 0.9040, "std": 0.004, "command": "python bench/leaderboard.py", "results": "r.json"}
+    folder = zoo.create("vit-tiny").save_pretrained(tmp_path / "m", extra={
+        "metrics": {"test/acc": 0.9065}, "leaderboard": board,
+        "training": {"target": "test/acc >= 0.90 (issue 13)", "data": {"name": "F", "hub_id": None, "splits": "s"}}})
+    card = (folder / "README.md").read_text()
+    assert "**Target**: test/acc >= 0.9 (issue 13): met (0.9065)." in card
+    assert ("2 of 3 seeds meet the target (test/acc >= 0.9); seed 1 (0.8993) does not, and the mean meets it."
+            in card)
+    board.update(values=[0.89, 0.88, 0.93], mean=0.9, std=0.02)  # the mean exactly on the target meets it
+    folder = zoo.create("vit-tiny").save_pretrained(tmp_path / "n", extra={
+        "metrics": {"test/acc": 0.89}, "leaderboard": board,
+        "training": {"target": "test/acc >= 0.90", "data": {"name": "F", "hub_id": None, "splits": "s"}}})
+    card = (folder / "README.md").read_text()
+    assert "1 of 3 seeds meets the target (test/acc >= 0.9); seed 0 (0.8900) and seed 1 (0.8800) do not" in card
+    assert "and the mean meets it." in card
+    board.update(metric="val/loss", values=[1.7, 1.8, 1.9], mean=1.8)  # a lower-is-better metric, all within
+    folder = zoo.create("gpt-tiny").save_pretrained(tmp_path / "t", extra={
+        "metrics": {"val/loss": 1.7}, "leaderboard": board,
+        "training": {"target": "val/loss <= 1.95", "data": {"name": "T", "hub_id": None, "splits": "s"}}})
+    assert "Every seed meets the target (val/loss <= 1.95)." in (folder / "README.md").read_text()
+
+
 def test_strict_load_lists_every_problem(tmp_path):
     from safetensors.torch import load_file, save_file
 

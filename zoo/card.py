@@ -60,12 +60,15 @@ def _target(target: str, metrics: dict) -> str:
     wanted = f"**Target**: {metric} {op} {value}" + (f" ({source})" if source else "")
     if got is None:
         return f"{wanted}: not measured."
-    met = got >= value if op == ">=" else got <= value
-    if met:
+    if _meets(got, op, value):
         return f"{wanted}: met ({got})."
     gap = abs(got - value)
     short = f"{gap * 100:.2f} points" if metric.endswith(("acc", "acc_top5", "auroc")) else f"{gap:.4g}"
     return f"{wanted}: **missed** by {short} ({got})."
+
+
+def _meets(got: float, op: str, value: float) -> bool:
+    return got >= value if op == ">=" else got <= value
 
 
 def _selection(training: dict) -> str:
@@ -128,7 +131,7 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
         if training.get("target"):
             lines += [_target(training["target"], metrics), ""]
         if config.get("leaderboard"):
-            lines += _leaderboard(config["leaderboard"], config.get("model_name") or name)
+            lines += _leaderboard(config["leaderboard"], config.get("model_name") or name, training.get("target"))
     else:
         lines += ["No metrics were recorded with these weights: `zoo export CKPT DIR --config RECIPE` measures "
                   "them at export.", ""]
@@ -149,15 +152,32 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
     return "\n".join(lines)
 
 
-def _leaderboard(board: dict, model: str) -> list[str]:
+def _leaderboard(board: dict, model: str, target: str | None = None) -> list[str]:
     """The card's account of the seeds: this checkpoint is one run of several, and how the others did."""
     values = ", ".join(f"{v:.4f}" for v in board["values"])
     spread = f" ± {board['std']:.4f} (sample standard deviation)" if board.get("std") is not None else ""
     return [f"These weights are the seed-0 run of the leaderboard's `{board['group']}` group. Over seeds "
             f"{', '.join(map(str, board['seeds']))} the same recipe gave {board['metric']} "
-            f"{board['mean']:.4f}{spread}: {values}. The table is in `{board['results']}`; to train the "
-            f"seeds again:", "",
+            f"{board['mean']:.4f}{spread}: {values}.{_seeds_against(board, target)} The table is in "
+            f"`{board['results']}`; to train the seeds again:", "",
             f"```\n{board['command']} --only '{board['group']}/{model}/*'\n```", ""]
+
+
+def _seeds_against(board: dict, target: str | None) -> str:
+    """How many seeds met the card's target: seed 0 meeting it says nothing of the others."""
+    if not target:
+        return ""
+    metric, op, value, _ = parse_target(target)
+    if metric != board["metric"]:
+        return ""
+    meets = [_meets(v, op, value) for v in board["values"]]
+    if all(meets):
+        return f" Every seed meets the target ({metric} {op} {value})."
+    missed = [f"seed {s} ({v:.4f})" for s, v, ok in zip(board["seeds"], board["values"], meets) if not ok]
+    named = missed[0] if len(missed) == 1 else f"{', '.join(missed[:-1])} and {missed[-1]}"
+    return (f" {sum(meets)} of {len(meets)} seeds {'meets' if sum(meets) == 1 else 'meet'} the target "
+            f"({metric} {op} {value}); {named} {'does' if len(missed) == 1 else 'do'} not, and the mean "
+            f"{'meets' if _meets(board['mean'], op, value) else 'does not meet'} it.")
 
 
 def rewrite_card(folder) -> None:
