@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from zoo.atomic import write_text_atomic
 from zoo.training.precision import cpu_flags  # noqa: F401  (the benchmarks report it)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,13 +103,8 @@ def _fmt(v) -> str:
 
 
 def write_json(name: str, payload: dict) -> Path:
-    """Write results atomically (temporary file, then rename)."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
-    tmp.replace(path)
-    return path
+    """Write bench/results/NAME.json atomically: a temporary file of this writer's own, then a rename."""
+    return write_text_atomic(RESULTS / f"{name}.json", json.dumps({"machine": machine(), **payload}, indent=2))
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, cpu_flags, locked, print_table  # noqa: E402
+from zoo.atomic import write_text_atomic  # noqa: E402
 from zoo.training.timeline import read as read_timeline  # noqa: E402
 from zoo.training.timeline import time_to  # noqa: E402
 
@@ -200,10 +201,7 @@ def save(results: dict) -> None:
                                   "recipe": f"recipes/{g.recipe_of or '<model>'}.{g.tag}.yaml",
                                   "extra_arguments": list(g.extra), "notes": g.notes} for g in GROUPS}
     results["cells"] = cells(results)
-    RESULTS.mkdir(exist_ok=True)
-    tmp = OUT.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    tmp.replace(OUT)
+    write_text_atomic(OUT, json.dumps(results, indent=2))
 
 
 def cells(results: dict) -> list[dict]:

@@ -113,6 +113,9 @@ def test_card_says_how_many_seeds_met_the_target(tmp_path):
         "metrics": {"val/loss": 1.7}, "leaderboard": board,
         "training": {"target": "val/loss <= 1.95", "data": {"name": "T", "hub_id": None, "splits": "s"}}})
     assert "Every seed meets the target (val/loss <= 1.95)." in (folder / "README.md").read_text()
+    from zoo.card import _seeds_against
+
+    assert _seeds_against(dict(board, values=[], seeds=[]), "val/loss <= 1.95") == ""  # nothing to count
 
 
 def test_strict_load_lists_every_problem(tmp_path):

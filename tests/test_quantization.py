@@ -200,6 +200,15 @@ def test_bad_inputs_are_named_not_hidden(tmp_path):
         with pytest.raises(FileExistsError, match="is not a JSON-lines file"):
             cls(str(tmp_path / "notes.txt"))
         assert (tmp_path / "notes.txt").read_text() == "my own notes\n"
+        (tmp_path / "blank_first.txt").write_text("\nmy own notes\n")  # a blank first line hides nothing
+        with pytest.raises(FileExistsError, match="is not a JSON-lines file"):
+            cls(str(tmp_path / "blank_first.txt"))
+        (tmp_path / "binary.bin").write_bytes(bytes(range(256)) * 512)  # no newline in the first 64 KiB
+        with pytest.raises(FileExistsError, match="is not a JSON-lines file"):
+            cls(str(tmp_path / "binary.bin"))
+        for ours in ("", "\n", '{"step": 1}\n', "\n" + json.dumps({"x": "y" * 100_000}) + "\n"):  # ours, or empty
+            (tmp_path / "ours.jsonl").write_text(ours)
+            cls(str(tmp_path / "ours.jsonl"))
     for steps in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="calibration steps must be an integer >= 1"):
             W8A8(model).calibrate([x], steps)

@@ -369,3 +369,29 @@ def test_timeline_read_names_a_line_that_is_not_an_entry(tmp_path):
     path.write_text('{"step": 1, "seconds": 2.0, "metrics": {}}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"line 2 is not a timeline entry"):
         read(path)
+
+
+def test_bench_results_survive_two_writers_at_once(tmp_path, monkeypatch):
+    """Two benchmark processes finishing together: each writes whole, neither trips on the other's temporary file."""
+    import threading
+
+    import bench.common
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    errors = []
+
+    def write(who: int) -> None:
+        try:
+            for i in range(200):
+                bench.common.write_json("both", {"who": who, "i": i, "rows": list(range(2000))})
+        except Exception as error:  # noqa: BLE001  (reported below, with what it was)
+            errors.append(error)
+
+    threads = [threading.Thread(target=write, args=(who,)) for who in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads((tmp_path / "both.json").read_text())["i"] == 199
+    assert [p.name for p in tmp_path.iterdir()] == ["both.json"]  # no temporary file left behind

@@ -62,17 +62,28 @@ def appendable_jsonl(path, what: str) -> Path:
         raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. {path / 'log.jsonl'}")
     if any(parent.exists() and not parent.is_dir() for parent in path.parents):
         raise NotADirectoryError(f"{what} {path}: a part of its folder is a file")
-    if path.is_file():
-        with open(path, "rb") as f:
-            first = f.readline(1 << 16).strip()
-        try:
-            ours = not first or isinstance(json.loads(first), dict)
-        except ValueError:
-            ours = False
-        if not ours:
-            raise FileExistsError(f"{what} {path} exists and is not a JSON-lines file; zoo appends only to its "
-                                  "own logs, so give a new file name")
+    if path.is_file() and not _starts_as_json_lines(path):
+        raise FileExistsError(f"{what} {path} exists and is not a JSON-lines file; zoo appends only to its "
+                              "own logs, so give a new file name")
     return path
+
+
+def _starts_as_json_lines(path: Path, window: int = 1 << 16) -> bool:
+    """Whether the file is empty or its first non-blank line is a JSON object (judged within its first
+    `window` bytes: a line longer than that counts when it opens with "{")."""
+    with open(path, "rb") as f:
+        head = f.read(window)
+    lines = head.split(b"\n")
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if number == len(lines) - 1 and len(head) == window:  # cut off by the window, not by a newline
+            return line.lstrip().startswith(b"{")
+        try:
+            return isinstance(json.loads(line), dict)
+        except ValueError:
+            return False
+    return True
 
 
 def _lock(path: Path):

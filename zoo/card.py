@@ -165,7 +165,7 @@ def _leaderboard(board: dict, model: str, target: str | None = None) -> list[str
 
 def _seeds_against(board: dict, target: str | None) -> str:
     """How many seeds met the card's target: seed 0 meeting it says nothing of the others."""
-    if not target:
+    if not target or not board.get("values"):  # no seeds to count: say nothing rather than "every seed"
         return ""
     metric, op, value, _ = parse_target(target)
     if metric != board["metric"]:
