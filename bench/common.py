@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import resource
+import stat
 import statistics
 import subprocess
 import sys
@@ -111,6 +112,18 @@ def write_json(name: str, payload: dict) -> Path:
 def locked(name: str):
     """Hold bench/results/NAME.lock: processes that read, change and rewrite NAME.json take turns."""
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    path = RESULTS / f"{name}.lock"
+    try:  # never through a link, and never truncated: a lock file's bytes do not matter, a linked file's do
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError:
+        if path.is_symlink():
+            raise FileExistsError(f"{path} is a symbolic link; the benchmarks lock only a file of their own there: "
+                                  "remove the link") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileExistsError(f"{path} is not a regular file; the benchmarks lock only a file of their own there")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)

@@ -101,29 +101,51 @@ def test_three_lines_generate_text():
 
 
 @pytest.mark.skipif(not SHIPPED, reason="no checkpoints in this checkout")
-def test_wheel_install_loads_shipped_checkpoints_offline(tmp_path):
-    """A regular (non-editable) wheel carries the checkpoints: zoo.load works from site-packages."""
+def test_wheel_in_a_fresh_environment_is_the_product(tmp_path):
+    """The wheel a stranger installs, in a fresh virtual environment, used from outside the source tree:
+    it carries the checkpoints (zoo.load offline), the recipes (`zoo fit --config quickstart`), py.typed
+    and every subpackage, under its own distribution name."""
     src = tmp_path / "src"
     src.mkdir()
-    for item in ("pyproject.toml", "README.md", "zoo", "checkpoints"):
+    for item in ("pyproject.toml", "README.md", "zoo", "checkpoints", "recipes"):
         copy = shutil.copytree if (REPO / item).is_dir() else shutil.copy
-        copy(REPO / item, src / item)
+        copy(REPO / item, src / item, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
+                                         else {}))
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True)
-    wheel = next((tmp_path / "dist").glob("zoo-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
-                    str(wheel)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("attention_zoo-*.whl")
+    # The dependencies come from this interpreter's site-packages (they are not what is tested, and the
+    # machine has no network for them); zoo itself only from the wheel.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python, zoo_command = venv / "bin" / "python", venv / "bin" / "zoo"
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     name = SHIPPED[0].name
     packages = sorted(".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "zoo").rglob("__init__.py"))
-    code = ("import zoo, sys, importlib; m = zoo.load(sys.argv[1]); "
+    code = ("import zoo, sys, importlib, importlib.resources as r; m = zoo.load(sys.argv[1]); "
             f"[importlib.import_module(p) for p in {packages!r}]; "  # every subpackage made it into the wheel
-            "print(zoo.__file__); print(sorted(zoo.list_models(pretrained=True))); print(m.training)")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code, name], cwd=tmp_path, env=env, capture_output=True, text=True)
+            "print(zoo.__file__); print(sorted(zoo.list_models(pretrained=True))); print(m.training); "
+            "print(r.files('zoo').joinpath('py.typed').is_file())")
+    out = subprocess.run([python, "-c", code, name], cwd=work, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    file, listed, training = out.stdout.strip().splitlines()
-    assert file.startswith(str(tmp_path / "site"))  # the wheel's copy, not this checkout
-    assert name.split(".")[0] in listed and training == "False"
+    file, listed, training, typed = out.stdout.strip().splitlines()
+    assert file.startswith(str(venv))  # the wheel's copy, not this checkout
+    assert name.split(".")[0] in listed and training == "False" and typed == "True"
+    version = subprocess.run([zoo_command, "--version"], cwd=work, env=env, capture_output=True, text=True)
+    assert version.stdout.startswith("attention-zoo ")
+    recipes = subprocess.run([zoo_command, "recipes"], cwd=work, env=env, capture_output=True, text=True).stdout
+    assert "quickstart" in recipes and str(venv) in recipes
+    fit = subprocess.run([zoo_command, "fit", "--config", "quickstart", "--trainer.max_epochs", "1",
+                          "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+                          "--trainer.enable_progress_bar", "false"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    assert "args parameter" not in fit.stderr  # no spurious warning
+    assert (work / "runs" / "quickstart" / "micro-vit-tiny.digits" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ def chromium():
     return webdriver.Chrome(options=options, service=Service(driver))
 
 
+@pytest.mark.slow  # 36 s: Chromium renders the whole page
 def test_report_page_in_a_real_browser(tmp_path):
     from zoo.cli import main
     from zoo.training.check import shipped_folders

@@ -67,6 +67,12 @@ def test_timm_forward_intermediates_and_features(timm_tests, name):
     timm_tests.test_model_forward_features(name, 1)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_timm_forward_fx(timm_tests, name):
+    """timm's symbolic tracing (torch.fx, as its feature extraction does) gives the model's own output."""
+    timm_tests.test_model_forward_fx(name, 1)
+
+
 @pytest.mark.parametrize("name", TAGGED)
 def test_timm_pretrained(timm_tests, name):
     timm_tests.test_model_default_cfgs_non_std(name, 1, "meta")

@@ -11,11 +11,15 @@
   the folder is opened once and its files through that handle, and a version removed while
   it was being opened is simply read again from the new one.
 - Only an absent path, an empty folder, or a folder that `ours` recognises is ever
-  replaced; anything else is refused with a message that names the path.
+  replaced; anything else is refused with a message that names the path. An empty folder
+  is filled where it is (it may be the caller's `.`), not swapped away.
+- Hidden names beside a path start with the path's name, or for a long one (up to the 255
+  bytes a name may have) with a hash of it, so that they fit too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -23,8 +27,10 @@ import glob
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -36,14 +42,96 @@ LOCKS = Path(tempfile.gettempdir()) / "zoo-locks"
 READ_ATTEMPTS = 200  # x 10 ms: how long a reader waits for a writer's swap, at most
 
 
+def hidden_stem(path: Path) -> str:
+    """What zoo's hidden siblings of `path` are named after: its name, or for a long name a hash of it, so that
+    `.STEM.zoo-staging-PID-HEX` stays within the 255 bytes a file name may have."""
+    name = os.fsencode(path.name)
+    return path.name if len(name) <= 200 else "zoo-" + hashlib.sha256(name).hexdigest()[:16]
+
+
+def check_parents(path, what: str) -> None:
+    """Refuse, naming the part at fault, a path whose folder cannot be made or written into: a part that is a
+    file, a link that loops or leads nowhere, or (the nearest existing folder) one this user cannot write."""
+    path = Path(os.path.abspath(path))
+    for parent in path.parents:
+        try:
+            info = parent.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            if parent.is_symlink():
+                raise NotADirectoryError(f"{what} {path}: {parent} is a link to nothing") from None
+            continue  # made later; a file further up is named when the loop reaches it
+        except OSError as error:  # ELOOP: a link that leads back to itself
+            raise NotADirectoryError(f"{what} {path}: {parent} cannot be followed ({error.strerror})") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(f"{what} {path}: {parent} is a file, not a folder")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"{what} {path}: the folder {parent} is not writable")
+        return
+
+
+def check_writable_folder(path, what: str) -> None:
+    """Refuse, naming it, a folder that cannot be made or written into (see check_parents); else nothing."""
+    path = Path(os.path.abspath(path))
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        check_parents(path, what)
+        return
+    except OSError as error:
+        raise NotADirectoryError(f"{what} {path} cannot be followed ({error.strerror})") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{what} {path} is a file, not a folder")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path} is not writable")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # no harmless probe there: never guess a writer dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Remove the temporary files that writers of `path` left when they were killed (their pid is gone)."""
+    stem = hidden_stem(path)
+    pattern = re.compile(rf"\.{re.escape(stem)}\.(\d+)\.[a-z0-9_]+\.tmp")
+    for name in os.listdir(path.parent):
+        found = pattern.fullmatch(name)
+        if found and int(found[1]) != os.getpid() and not _alive(int(found[1])):
+            with contextlib.suppress(OSError):
+                os.unlink(path.parent / name)
+
+
 def write_text_atomic(path, text: str) -> Path:
-    """`text` written to a temporary file beside `path`, then renamed over it: never half a file."""
+    """`text` written to a temporary file beside `path`, then renamed over it: never half a file.
+
+    A new file gets the usual mode (0o666 less the umask), an existing one keeps its own; the temporary
+    file is `.NAME.PID.XXXXXXXX.tmp`, so that a later write removes those of writers that were killed."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected the path of a file to write")
+    check_parents(path, "the file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    _remove_dead_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{hidden_stem(path)}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -86,22 +174,82 @@ def _starts_as_json_lines(path: Path, window: int = 1 << 16) -> bool:
     return True
 
 
+def _shared_lock_folder() -> Path | None:
+    """$TMPDIR/zoo-locks, where every user's writers lock (sticky and world-writable, like /tmp itself), or None
+    where that name is taken by something else: a file, a link, another user's private folder."""
+    try:
+        LOCKS.mkdir()
+        LOCKS.chmod(0o1777)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    info = os.lstat(LOCKS)
+    if stat.S_ISDIR(info.st_mode) and (info.st_uid == os.getuid() or info.st_mode & 0o1002 == 0o1002):
+        return LOCKS
+    return None
+
+
+def _own_lock_folder() -> Path:
+    own = LOCKS.with_name(f"{LOCKS.name}-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        own.mkdir(mode=0o700)
+    info = os.lstat(own)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"zoo's lock folders {LOCKS} and {own} are taken by something else (a file, a link "
+                              "or another user's folder): remove them, or set TMPDIR to another folder")
+    return own
+
+
+def open_lock(name: str) -> int:
+    """A descriptor of the lock file `name` in the lock folder, opened without following links (flock it).
+
+    Where the shared folder is unusable, or `name` there is a link or a file this user may not open (planted
+    by someone else), this user's own folder `zoo-locks-UID` is used: every process of the user decides the
+    same way, so its writers still take turns."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    shared = _shared_lock_folder()
+    if shared is not None:
+        try:
+            fd = os.open(shared / name, flags, 0o666)
+        except OSError:  # ELOOP (a planted link), EACCES (another user's private file)
+            pass
+        else:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode):
+                if info.st_uid == os.getuid():
+                    os.fchmod(fd, 0o666)  # other users' writers of the same path lock it too
+                return fd
+            os.close(fd)
+    return os.open(_own_lock_folder() / name, flags, 0o600)
+
+
+def lock_name(path) -> str:
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:32] + ".lock"
+
+
+@contextlib.contextmanager
 def _lock(path: Path):
     """An exclusive lock for writers of `path`, shared by every process of this machine."""
-    from filelock import FileLock
+    if os.name != "posix":
+        from filelock import FileLock
 
-    if not LOCKS.is_dir():
         LOCKS.mkdir(parents=True, exist_ok=True)
-        try:
-            LOCKS.chmod(0o1777)  # every user's writers lock here, like /tmp itself
-        except OSError:
-            pass
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
-    return FileLock(str(LOCKS / f"{key}.lock"))
+        with FileLock(str(LOCKS / lock_name(path))):
+            yield
+        return
+    import fcntl
+
+    fd = open_lock(lock_name(path))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _staging_siblings(path: Path) -> list[Path]:
-    return [Path(p) for p in glob.glob(str(path.parent / f".{glob.escape(path.name)}{STAGING}*"))]
+    return [Path(p) for p in glob.glob(str(path.parent / f".{glob.escape(hidden_stem(path))}{STAGING}*"))]
 
 
 def marked_folder(path, marker: str, kind: str, allowed: tuple[str, ...] | None = None) -> bool:
@@ -143,20 +291,26 @@ def replace_folder(path, fill: Callable[[Path], None], ours: Callable[[Path], bo
                    overwrite: bool = True) -> Path:
     """Build a folder with `fill(staging)` and put it at `path` in one step (see the module docstring)."""
     path = Path(path)
+    if path.name in ("", ".", ".."):  # `.` and the like: the folder they name, which has a name
+        path = Path(os.path.abspath(path))
     check_replaceable(path, ours, what, overwrite)
+    check_parents(path, f"the {what}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with _lock(path):
         check_replaceable(path, ours, what, overwrite)  # again: another writer may have come first
         for stale in _staging_siblings(path):  # only locked writers stage, so these are a dead one's
             shutil.rmtree(stale, ignore_errors=True)
-        staging = path.with_name(f".{path.name}{STAGING}{os.getpid()}-{secrets.token_hex(4)}")
+        staging = path.with_name(f".{hidden_stem(path)}{STAGING}{os.getpid()}-{secrets.token_hex(4)}")
         staging.mkdir()
         try:
             fill(staging)
             if not path.exists():
                 os.rename(staging, path)
+            elif not any(path.iterdir()):  # an empty folder (maybe someone's `.`): filled, not swapped away
+                for entry in staging.iterdir():
+                    os.rename(entry, path / entry.name)
             elif not _exchange(staging, path):
-                old = path.with_name(f".{path.name}{STAGING}{os.getpid()}-old")
+                old = path.with_name(f".{hidden_stem(path)}{STAGING}{os.getpid()}-old")
                 os.rename(path, old)
                 os.rename(staging, path)
                 shutil.rmtree(old, ignore_errors=True)
@@ -187,9 +341,13 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _read_once(path: Path, names: list[str]) -> dict[str, bytes]:
+def _read_once(path: Path, names: list[str], read: Callable) -> dict:
     if os.open not in os.supports_dir_fd or not hasattr(os, "O_DIRECTORY"):
-        return {name: (path / name).read_bytes() for name in names}
+        out = {}
+        for name in names:
+            with open(path / name, "rb") as f:
+                out[name] = read(name, f)
+        return out
     folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:  # open every file through the one folder handle first: then all come from one version
         handles = {}
@@ -205,16 +363,17 @@ def _read_once(path: Path, names: list[str]) -> dict[str, bytes]:
     out = {}
     for name, fd in handles.items():
         with os.fdopen(fd, "rb") as f:
-            out[name] = f.read()
+            out[name] = read(name, f)
     return out
 
 
-def read_folder(path, names: list[str]) -> dict[str, bytes]:
-    """The bytes of `names` in folder `path`, all from one version of it, while writers may swap it."""
+def read_folder(path, names: list[str], read: Callable | None = None) -> dict:
+    """The bytes of `names` in folder `path`, all from one version of it, while writers may swap it.
+    `read(name, file)`, if given, reads each open file instead (e.g. only a header, keeping a dup of its fd)."""
     path = Path(path)
     for attempt in range(READ_ATTEMPTS):
         try:
-            return _read_once(path, names)
+            return _read_once(path, names, read or (lambda name, f: f.read()))
         except FileNotFoundError:
             # Gone while we opened it: a writer swapped a new version in (or is between its two
             # renames). Read the new one; anything else is really missing.

@@ -36,6 +36,8 @@ def _header(config: dict, metrics: dict, data: dict) -> list[str]:
              "tags:", *[f"- {t}" for t in tags]]
     if data.get("hub_id"):
         lines += ["datasets:", f"- {data['hub_id']}"]
+    if str(config.get("base_model") or "").startswith("hf-hub:"):  # the Hub links a fine-tune to its base
+        lines += [f"base_model: {config['base_model'].removeprefix('hf-hub:').partition('@')[0]}"]
     names = sorted({HUB_METRICS.get(k.split("/")[-1], k.split("/")[-1]) for k in metrics})
     if names:
         lines += ["metrics:", *[f"- {n}" for n in names]]
@@ -86,11 +88,13 @@ def _usage(name: str, config: dict) -> str:
 def _limitations(config: dict, data: dict) -> list[str]:
     name = data.get("name") or "its training data"
     if _family(config) == "text":
-        return [f"- A character-level model trained for minutes on {name}: its text imitates the style and "
-                "misspells freely; it knows nothing beyond that text and is meant for research on attention, "
-                "not for use.",
-                "- Its vocabulary is the characters of the training text; a prompt with any other character "
-                "raises an error.", *([_one_run(config)] if config.get("leaderboard") else [])]
+        bpe = (config["args"].get("tokenizer") or {}).get("type") == "bpe"
+        vocabulary = ("- Its byte-level BPE tokenizer encodes any text." if bpe else
+                      "- Its vocabulary is the characters of the training text; a prompt with any other character "
+                      "raises an error.")
+        return [f"- A {'byte-level BPE' if bpe else 'character-level'} model trained for minutes on {name}: its text "
+                "imitates the style and misspells freely; it knows nothing beyond that text and is meant for research "
+                "on attention, not for use.", vocabulary, *([_one_run(config)] if config.get("leaderboard") else [])]
     shape = [config["args"].get("in_chans", 1), *config["args"].get("input_size", [config["args"].get("img_size")] * 2)]
     return [f"- Trained and evaluated only on {name}: it expects inputs shaped like that data "
             f"({' x '.join(map(str, shape))}); `model.preprocess` resizes and normalizes, but inputs from "
@@ -107,8 +111,22 @@ def _one_run(config: dict) -> str:
             "within run-to-run noise.")
 
 
-def model_card(model: nn.Module, name: str, config: dict) -> str:
-    """The card of a release folder named `name` whose config.json is `config`."""
+def load_name(name: str, folder) -> str:
+    """What `zoo.load` takes to find the release folder `name` written at `folder`: the bare name where it is a
+    shipped checkpoint (a folder of a checkpoints root), else the path as it was written."""
+    from zoo.release import checkpoint_roots
+
+    if folder is None:
+        return name
+    folder = Path(folder)
+    if folder.resolve().parent in {root.resolve() for root in checkpoint_roots()}:
+        return name
+    return folder.as_posix()
+
+
+def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
+    """The card of a release folder named `name` (written at `folder`) whose config.json is `config`."""
+    source = load_name(name, folder)
     args = config["args"]
     metrics, training = config.get("metrics") or {}, config.get("training") or {}
     data = training.get("data") or {}
@@ -120,6 +138,11 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
               f"`{config.get('model_name') or config['class']}`: {_article(config['class'])} {config['class']} with "
               f"{params:,} parameters "
               f"({attention} attention; {shape})" + (f", trained with zoo on {data['name']}." if data else "."), ""]
+    if config.get("base_model"):
+        kept = ("the tokenizer it carries is under Configuration below" if _family(config) == "text" else
+                "its input normalization (mean, std) and label names are those of the data it was fine-tuned on "
+                "(Configuration below)")
+        lines += [f"Fine-tuned from `{config['base_model']}`: {kept}.", ""]
     if data:
         lines += ["## Data", "", f"{data['name']}: {data['splits']}.", ""]
     lines += ["## Results", ""]
@@ -127,7 +150,7 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
                   f"Measured at export in float32, on the run's best checkpoint by {_selection(training)}. "
                   "To measure them again and compare with this card:", "",
-                  f"```\n{CHECK_COMMAND.format(name=name)}\n```", ""]
+                  f"```\n{CHECK_COMMAND.format(name=source)}\n```", ""]
         if training.get("target"):
             lines += [_target(training["target"], metrics), ""]
         if config.get("leaderboard"):
@@ -146,7 +169,7 @@ def model_card(model: nn.Module, name: str, config: dict) -> str:
         if training.get("precision_reason"):
             reason = training["precision_reason"].removeprefix("auto: ")
             lines += [f"`precision: auto` chose {training['precision']}: {reason}.", ""]
-    lines += ["## Use", "", f"```python\n{_usage(name, config)}\n```", "",
+    lines += ["## Use", "", f"```python\n{_usage(source, config)}\n```", "",
               "## Limitations", "", *_limitations(config, data), "",
               "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]
     return "\n".join(lines)
@@ -187,4 +210,4 @@ def rewrite_card(folder) -> None:
 
     folder = Path(folder)
     config = json.loads((folder / CONFIG).read_text())
-    write_text_atomic(folder / CARD, model_card(load_release(folder), folder.name, config))
+    write_text_atomic(folder / CARD, model_card(load_release(folder), folder.name, config, folder))

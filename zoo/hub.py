@@ -10,6 +10,9 @@ from zoo.release import CARD, CONFIG, WEIGHTS
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a branch, tag or commit: never a path
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+COMMIT = re.compile(r"[0-9a-f]{40}")  # what the Hub must answer for a revision: huggingface_hub makes paths of it
+ETAG = re.compile(r"[A-Za-z0-9._-]+")  # names the cached blob file
+TIMEOUT = 10.0  # seconds zoo waits for each answer from the Hub
 
 
 def parse_source(source: str) -> tuple[str, str | None]:
@@ -22,18 +25,26 @@ def parse_source(source: str) -> tuple[str, str | None]:
     return repo_id, revision or None
 
 
+def shorten(text) -> str:
+    """What the user gave, cut for an error message: an overlong id is named by its start and its length."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else f"{shown[:80]}... ({len(text)} characters)"
+
+
 def validate_repo_id(repo_id: str) -> str:
     # fullmatch: `$` would let a trailing newline through
-    if not isinstance(repo_id, str) or not REPO_ID.fullmatch(repo_id) or ".." in repo_id:
-        raise ValueError(f"expected a Hub repository id like 'org/name' (letters, digits, '.', '_', '-'), "
-                         f"got {repo_id!r}")
+    if (not isinstance(repo_id, str) or not REPO_ID.fullmatch(repo_id) or ".." in repo_id
+            or max(map(len, repo_id.split("/"))) > 96):  # the Hub's own limit on each name
+        raise ValueError(f"expected a Hub repository id like 'org/name' (letters, digits, '.', '_', '-'; at most "
+                         f"96 of them each side), "
+                         f"got {shorten(repo_id)}")
     return repo_id
 
 
 def validate_revision(revision: str) -> str:
     if not isinstance(revision, str) or not REVISION.fullmatch(revision) or ".." in revision:
         raise ValueError(f"expected a Hub revision (a branch, tag or commit of letters, digits, '.', '_', '-'; "
-                         f"no '/' or '..'), got {revision!r}")
+                         f"no '/' or '..'), got {shorten(revision)}")
     return revision
 
 
@@ -63,10 +74,32 @@ def _answer_behind(error: BaseException):
     return None
 
 
-def download(source: str, token: str | bool | None = None, cache_dir: str | None = None,
-             local_files_only: bool = False) -> Path:
-    """Fetch config.json, model.safetensors and the card through huggingface_hub's cache."""
-    from huggingface_hub import constants, snapshot_download
+def _transport_error(error: BaseException, source: str) -> Exception | None:
+    """One line for a Hub that does not answer, or not as HTTP: None if `error` (or its cause) is none of those."""
+    import httpx2
+    from huggingface_hub import constants
+
+    seen = error
+    while seen is not None and not isinstance(seen, httpx2.HTTPError):
+        seen = seen.__cause__ or seen.__context__
+    where = f"{source}: the Hub at {constants.ENDPOINT}"
+    if isinstance(seen, httpx2.TimeoutException):
+        return TimeoutError(f"{where} did not answer within {TIMEOUT:g} s (zoo.hub.TIMEOUT); try again later")
+    if isinstance(seen, httpx2.TooManyRedirects):
+        return ConnectionError(f"{where} redirects in a loop")
+    if isinstance(seen, httpx2.ConnectError):
+        return ConnectionError(f"{where} cannot be reached (nothing answers there, or the network is down)")
+    if isinstance(seen, httpx2.HTTPError):
+        detail = " ".join(str(seen).split())[:100]
+        return ConnectionError(f"{where} broke off its answer ({type(seen).__name__}: {detail}); try again later")
+    return None
+
+
+def _hub_errors(shown: str, revision: str | None = None):
+    """huggingface_hub's and httpx's errors as one line each (no chained traceback, never the token)."""
+    import contextlib
+
+    from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -75,41 +108,181 @@ def download(source: str, token: str | bool | None = None, cache_dir: str | None
         RevisionNotFoundError,
     )
 
-    repo_id, revision = parse_source(source)
-    shown = f"hf-hub:{repo_id}" + (f"@{revision}" if revision else "")
-    try:
-        folder = Path(snapshot_download(
-            repo_id, revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
-            allow_patterns=[CONFIG, WEIGHTS, CARD],
-        ))
-        pickled = []
-        if not (folder / WEIGHTS).is_file() and not local_files_only:
-            from huggingface_hub import HfApi
+    @contextlib.contextmanager
+    def translated():
+        try:
+            yield
+        except GatedRepoError:
+            raise PermissionError(f"{shown} is gated: accept its terms on the Hub and pass token=...") from None
+        except RepositoryNotFoundError:
+            raise FileNotFoundError(f"{shown.partition('@')[0]}: no such repository on {constants.ENDPOINT} "
+                                    "(or it is private or gated: pass token=...)") from None
+        except RevisionNotFoundError:
+            raise FileNotFoundError(f"{shown.partition('@')[0]} has no revision {revision!r}") from None
+        except LocalEntryNotFoundError as error:
+            answered = _answer_behind(error)  # huggingface_hub falls back to the cache after a bad answer
+            if answered is not None:
+                raise _http_error(answered, shown) from None
+            failed = _transport_error(error, shown)
+            if failed is not None:
+                raise failed from None
+            raise FileNotFoundError(f"{shown} is not in the local cache and the Hub cannot be reached (offline or "
+                                    "local_files_only): download it once while online") from None
+        except HfHubHTTPError as error:  # 401, 500 and the like: one line, no traceback from inside the client
+            raise _http_error(error, shown) from None
+        except Exception as error:
+            failed = _transport_error(error, shown)
+            if failed is None:
+                raise
+            raise failed from None
 
-            files = HfApi().list_repo_files(repo_id, revision=revision, token=token)
-            pickled = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
-    except GatedRepoError:
-        raise PermissionError(f"{shown} is gated: accept its terms on the Hub and pass token=...") from None
-    except RepositoryNotFoundError:
-        raise FileNotFoundError(f"hf-hub:{repo_id}: no such repository on {constants.ENDPOINT} "
-                                "(or it is private or gated: pass token=...)") from None
-    except RevisionNotFoundError:
-        raise FileNotFoundError(f"hf-hub:{repo_id} has no revision {revision!r}") from None
-    except LocalEntryNotFoundError as error:
-        answered = _answer_behind(error)  # huggingface_hub falls back to the cache after a bad answer
-        if answered is not None:
-            raise _http_error(answered, shown) from None
-        raise FileNotFoundError(f"{shown} is not in the local cache and the Hub cannot be reached (offline or "
-                                "local_files_only): download it once while online") from None
-    except HfHubHTTPError as error:  # 401, 500 and the like: one line, no traceback from inside the client
-        raise _http_error(error, shown) from None
-    root = Path(cache_dir or constants.HF_HUB_CACHE).resolve()
-    if not folder.resolve().is_relative_to(root):
-        raise ValueError(f"{shown} resolved to {folder}, outside the Hub cache {root}; refusing to load it")
-    if not (folder / WEIGHTS).is_file():
+    return translated()
+
+
+def _resolve(api, repo_id: str, revision: str | None, shown: str) -> tuple[str, set[str]]:
+    """The commit `revision` names and the files in it, as the Hub answers; refused unless the commit is one
+    (40 hexadecimal digits): huggingface_hub makes cache paths of it, and `../../x` would write outside the cache."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        info = api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION, timeout=TIMEOUT)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:  # not JSON, or JSON of something else
+        if isinstance(error, (OSError, HFValidationError)):  # the first from the network, the second ours
+            raise
+        raise ValueError(f"{shown}: the Hub at {constants.ENDPOINT} answered something that is not a repository's "
+                         f"description ({type(error).__name__}); is HF_ENDPOINT a Hub?") from None
+    sha = getattr(info, "sha", None)
+    if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
+        raise ValueError(f"{shown}: the Hub at {constants.ENDPOINT} answered the commit id {shorten(sha)}, not 40 "
+                         "hexadecimal digits; nothing was downloaded")
+    return sha, {s.rfilename for s in (info.siblings or []) if isinstance(getattr(s, "rfilename", None), str)}
+
+
+def _check_file(repo_id: str, filename: str, sha: str, token, shown: str) -> None:
+    """Ask for a file's metadata before huggingface_hub writes it: its commit must be the one resolved and
+    its ETag (which names the cached blob) a plain name."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+
+    meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=sha), token=token, timeout=TIMEOUT)
+    if meta.commit_hash != sha:
+        raise ValueError(f"{shown}: the Hub at {constants.ENDPOINT} answered {filename} for commit "
+                         f"{shorten(meta.commit_hash)}, not the {sha} it asked for; nothing was written")
+    if not isinstance(meta.etag, str) or not ETAG.fullmatch(meta.etag) or meta.etag.strip(".") == "":
+        raise ValueError(f"{shown}: the Hub at {constants.ENDPOINT} answered {filename} with the ETag "
+                         f"{shorten(meta.etag)}, which is not a plain name; nothing was written")
+
+
+def _check_weights_header(api, repo_id: str, sha: str, parameters: int, shown: str) -> None:
+    """Read only model.safetensors' header (a range request): dtypes and size, before the weights are fetched."""
+    from huggingface_hub.errors import SafetensorsParsingError
+
+    from zoo.release import FLOAT_DTYPES
+
+    try:
+        header = api.parse_safetensors_file_metadata(repo_id, WEIGHTS, revision=sha, timeout=TIMEOUT)
+    except SafetensorsParsingError as error:
+        raise ValueError(f"{shown}: {WEIGHTS} is not a safetensors file ({' '.join(str(error).split())[:120]}); "
+                         "nothing was downloaded") from None
+    values = 0
+    for name, info in header.tensors.items():
+        if info.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{shown}: {WEIGHTS} stores tensor {name!r} as {info.dtype}; zoo's weights are floating "
+                             f"point ({', '.join(FLOAT_DTYPES)}); nothing was downloaded")
+        values += info.parameter_count
+    if values > parameters:
+        raise ValueError(f"{shown}: {WEIGHTS} holds {values:,} values, but the model its {CONFIG} describes has "
+                         f"{parameters:,} parameters; nothing was downloaded")
+
+
+def _fetch_checked(repo_id: str, revision: str | None, token, cache_dir, max_parameters: int | None,
+                   shown: str) -> Path:
+    """Download a release, checking each answer of the Hub before huggingface_hub acts on it."""
+    from huggingface_hub import HfApi, constants, hf_hub_download
+
+    from zoo.models.arguments import check_budget
+    from zoo.registry import ARCHITECTURES
+    from zoo.release import read_config
+
+    api = HfApi(token=token)
+    sha, files = _resolve(api, repo_id, revision, shown)
+    if WEIGHTS not in files:
+        pickled = [f for f in sorted(files) if f.endswith(PICKLE_SUFFIXES)]
         hint = f"; it holds pickle weights ({', '.join(pickled)}), which zoo never loads from the network" \
             if pickled else ""
         raise FileNotFoundError(f"hf-hub:{repo_id} has no {WEIGHTS}{hint}")
+    if CONFIG not in files:
+        raise FileNotFoundError(f"hf-hub:{repo_id} has no {CONFIG}; it is not a zoo release folder")
+
+    def fetch(filename: str) -> Path:
+        _check_file(repo_id, filename, sha, token, shown)
+        # by the revision's name, so that huggingface_hub records it for local_files_only
+        path = Path(hf_hub_download(repo_id, filename, revision=revision or constants.DEFAULT_REVISION,
+                                    token=token, cache_dir=cache_dir, etag_timeout=TIMEOUT))
+        if path.parent.name != sha:
+            raise ConnectionError(f"{shown} moved from commit {sha} to {path.parent.name} while zoo downloaded it; "
+                                  "try again")
+        return path
+
+    config_file = fetch(CONFIG)
+    config = read_config(config_file.read_bytes(), config_file)
+    parameters = check_budget(ARCHITECTURES[config["class"]], config["args"], max_parameters)
+    _check_weights_header(api, repo_id, sha, parameters, shown)
+    folder = fetch(WEIGHTS).parent
+    if CARD in files:
+        fetch(CARD)
+    return folder
+
+
+def download(source: str, token: str | bool | None = None, cache_dir: str | None = None,
+             local_files_only: bool = False, max_parameters: int | None = None) -> Path:
+    """Fetch config.json, model.safetensors and the card through huggingface_hub's cache.
+
+    Online, the revision is first resolved to a commit (checked to be one), the config is read and its
+    model's size checked against max_parameters, and the weights' header checked, before the weights come.
+    Where the Hub cannot be reached, the cache serves what it holds, as huggingface_hub does.
+    Nothing pickled is ever downloaded.
+
+    Args:
+        source: "hf-hub:org/repo" or "hf-hub:org/repo@revision" (a branch, tag or commit).
+        token: the Hub token: a string, True for the one saved by `hf auth login`, False for none; by default
+            (None) huggingface_hub's default (HF_TOKEN or the saved one). Never printed or stored.
+        cache_dir: huggingface_hub's cache folder; default None: its default (HF_HUB_CACHE).
+        local_files_only: use the cache only, never the network (default False).
+        max_parameters: the largest model whose config is accepted, an int; default None: 1e9, or
+            $ZOO_MAX_PARAMETERS.
+
+    Returns:
+        The release folder inside the cache, holding config.json, model.safetensors and the card if any.
+    """
+    from huggingface_hub import constants, snapshot_download
+
+    repo_id, revision = parse_source(source)
+    shown = f"hf-hub:{repo_id}" + (f"@{revision}" if revision else "")
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise NotADirectoryError(f"cache_dir {cache_dir} is a file; expected a folder for huggingface_hub's cache")
+    root = Path(cache_dir or constants.HF_HUB_CACHE).resolve()
+
+    def cached() -> Path:
+        with _hub_errors(shown, revision):
+            return Path(snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
+                                          local_files_only=True, allow_patterns=[CONFIG, WEIGHTS, CARD]))
+
+    if local_files_only or constants.is_offline_mode():
+        folder = cached()
+    else:
+        try:
+            with _hub_errors(shown, revision):
+                folder = _fetch_checked(repo_id, revision, token, cache_dir, max_parameters, shown)
+        except (ConnectionError, TimeoutError) as unreachable:
+            try:
+                folder = cached()
+            except FileNotFoundError:
+                raise unreachable from None
+    if not folder.resolve().is_relative_to(root):
+        raise ValueError(f"{shown} resolved to {folder}, outside the Hub cache {root}; refusing to load it")
+    if not (folder / WEIGHTS).is_file():
+        raise FileNotFoundError(f"hf-hub:{repo_id} has no {WEIGHTS}")
     if not (folder / CONFIG).is_file():
         raise FileNotFoundError(f"hf-hub:{repo_id} has no {CONFIG}; it is not a zoo release folder")
     return folder
@@ -145,22 +318,57 @@ def push(source, repo_id: str, *, private: bool = False, revision: str | None = 
     """Upload a release folder to the Hub repository `repo_id` (created if needed); returns the commit URL.
 
     The token comes from `token` or huggingface_hub's usual places (HF_TOKEN, `hf auth login`);
-    zoo never prints or stores it.
+    zoo never prints or stores it. Only config.json, model.safetensors and README.md are uploaded.
+
+    Args:
+        source (str | os.PathLike): what to upload: a release folder, a registered model name with shipped
+            weights ("name" or "name.tag"), or a zoo Lightning checkpoint (.ckpt), exported to a temporary
+            release folder first.
+        repo_id: the Hub repository, "org/name"; created (as a model repository) if it does not exist.
+        private: create the repository private (default False); an existing one keeps its visibility.
+        revision: the branch to commit to, created if needed; default None: the default branch.
+        token: the Hub token; default None: huggingface_hub's usual places.
+        config: for a .ckpt source, the recipe it was trained with, so that the card gets test metrics
+            measured at export; default None.
+        commit_message: the commit's message; default None: "Upload <folder name> with zoo".
+        api (huggingface_hub.HfApi | None): an `HfApi` to use instead of a new one (tests pass a fake); default None.
+
+    Returns:
+        The commit's URL.
     """
     validate_repo_id(repo_id)
     if revision is not None:
         validate_revision(revision)
-    folder = release_folder(source, config)
-    files = upload_files(folder)
+    shown = f"hf-hub:{repo_id}"
+    if Path(source).suffix == ".ckpt" and Path(source).is_file():  # refused in one line before the Hub is asked
+        from zoo.training.checkpoint_io import read_checkpoint
+
+        read_checkpoint(source)
     if api is None:
         from huggingface_hub import HfApi
 
+        check_hub(token, shown)  # before a .ckpt is exported: the Hub answers, and takes the token
         api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    if revision:
-        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-    commit = api.upload_folder(
-        repo_id=repo_id, folder_path=str(folder), allow_patterns=files, revision=revision, repo_type="model",
-        commit_message=commit_message or f"Upload {folder.name} with zoo",
-    )
+    folder = release_folder(source, config)
+    files = upload_files(folder)
+    with _hub_errors(shown, revision):
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        if revision:
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), allow_patterns=files, revision=revision, repo_type="model",
+            commit_message=commit_message or f"Upload {folder.name} with zoo",
+        )
     return str(getattr(commit, "commit_url", commit))
+
+
+def check_hub(token: str | bool | None = None, what: str = "zoo") -> None:
+    """Fail in one line, within TIMEOUT, where the Hub does not answer or refuses the token (an answer to
+    whoami): before long work that ends in an upload."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    with _hub_errors(what):
+        response = get_session().get(f"{constants.ENDPOINT}/api/whoami-v2", headers=build_hf_headers(token=token),
+                                     timeout=TIMEOUT)
+        hf_raise_for_status(response)

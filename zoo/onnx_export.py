@@ -48,7 +48,7 @@ def is_onnx_folder(path) -> bool:
 def _require_onnx() -> None:
     missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _importable(m)]
     if missing:
-        raise ValueError(f"ONNX export needs {', '.join(missing)}: pip install 'zoo[onnx]'")
+        raise ValueError(f"ONNX export needs {', '.join(missing)}: pip install 'attention-zoo[onnx]'")
 
 
 def _importable(module: str) -> bool:

@@ -61,7 +61,12 @@ def entry(name: str) -> Entry:
 
 
 def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
-    """Registered names matching a shell-style wildcard; with pretrained=True only those with shipped weights."""
+    """Registered names matching a shell-style wildcard, sorted.
+
+    Args:
+        pattern: a shell-style wildcard over the names, e.g. "micro-*" (default: every model).
+        pretrained: only the models with shipped weights (`zoo.load(name)` works offline for them).
+    """
     from zoo.release import pretrained_tags
 
     names = sorted(n for n in _entries() if fnmatch.fnmatch(n, pattern))
@@ -74,6 +79,14 @@ def create(name: str, *, max_parameters: int | None = None, device=None, dtype: 
 
     The model is built on `device` (parameters are allocated there, not moved) and cast to `dtype`.
     A model above max_parameters (default 1e9, or $ZOO_MAX_PARAMETERS) is refused before it is allocated.
+
+    Args:
+        name: a registered name (`zoo.list_models()`), e.g. "micro-vit-tiny".
+        max_parameters: the largest parameter count to build (default 1e9, or $ZOO_MAX_PARAMETERS).
+        device (str | torch.device | None): where the parameters are made ("cpu", "cuda:0", "meta", ...);
+            default torch's current device.
+        dtype: a floating-point dtype to cast the model to (default: as built, float32).
+        **overrides (Any): constructor arguments of the model's class that replace its registered defaults.
     """
     e = entry(name)
     model = build(e.cls, {**e.kwargs, **overrides}, max_parameters, device, dtype)

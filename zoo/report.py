@@ -116,8 +116,13 @@ def _bench_plots(name: str, data: dict) -> list[str]:
         series = {}
         for row in decode_rows:
             label = row.get("mechanism") or row.get("model")
-            x, y = series.setdefault(label, ([], []))
-            x.append(row.get("length") or row.get("context")), y.append(row["ms_per_token"])
+            # bench/decode.py times today's cache against the old one (new_ms, old_ms); the others one cost
+            costs = {label: row["ms_per_token"]} if "new_ms" not in row else \
+                {f"{label} (preallocated cache)": row["new_ms"], f"{label} (torch.cat cache)": row.get("old_ms")}
+            costs = {k: v for k, v in costs.items() if v is not None}  # constant-state models have no old cache
+            for name_, ms in costs.items():
+                x, y = series.setdefault(name_, ([], []))
+                x.append(row.get("length") or row.get("context")), y.append(ms)
         plots.append(_img(figures.lines_figure(series, "context (tokens)", "ms per token",
                                                f"decoding cost against context ({name}.json)"), f"decode {name}"))
     if name == "models" and data.get("image"):
@@ -149,6 +154,23 @@ def _bench_plots(name: str, data: dict) -> list[str]:
     return plots
 
 
+def _bench_results(file: Path) -> dict:
+    """One benchmark's results: a JSON object of named lists of rows, refused in one line naming the file."""
+    expected = "expected a JSON object as a bench/*.py script writes it"
+    try:
+        data = json.loads(file.read_bytes())
+    except UnicodeDecodeError:
+        raise ValueError(f"{file} is not UTF-8 text; {expected}") from None
+    except json.JSONDecodeError as e:
+        where = f"{e.msg} at line {e.lineno}, column {e.colno}"
+        raise ValueError(f"{file} is not valid JSON ({where}); {expected}") from None
+    except (ValueError, RecursionError) as e:  # integers of too many digits, nesting too deep for json
+        raise ValueError(f"{file} is not JSON zoo reads ({type(e).__name__}); {expected}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} holds a JSON {type(data).__name__}; {expected}")
+    return data
+
+
 def _bench_section(bench: Path) -> str:
     files = sorted(bench.glob("*.json")) if bench.is_dir() else []
     if not files:
@@ -156,9 +178,14 @@ def _bench_section(bench: Path) -> str:
                 f'{html.escape(str(bench))}: run python bench/*.py first, or pass --bench.</p></section>')
     parts = ['<section id="benchmarks"><h2>Benchmarks</h2>']
     for file in files:
-        data = json.loads(file.read_text())
+        data = _bench_results(file)
         parts.append(f"<h3>{html.escape(file.stem)}</h3><p>machine: {_cell(data.get('machine', {}))}</p>")
-        parts += _bench_plots(file.stem, data)
+        try:
+            parts += _bench_plots(file.stem, data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # rows of another shape than bench/ writes
+            detail = f"a row lacks the field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise ValueError(f"{file} does not hold the results of bench/{file.stem}.py ({detail}); "
+                             "expected the JSON a bench/*.py script writes, or move the file out of --bench") from None
         for key, rows in data.items():
             if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
                 parts.append(f"<h4>{html.escape(key)}</h4>{_table(rows)}")

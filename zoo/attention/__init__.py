@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from zoo.attention.attend import attend
+from zoo.attention.checks import shown
 from zoo.attention.clipped import ClippedSoftmaxAttention, clipped_softmax
 from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
 from zoo.attention.fused import FusedAttention
@@ -21,6 +22,7 @@ from zoo.attention.gated import GatedAttention
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
+from zoo.attention.swap import MultiheadAdapter, TimmAttention, swap
 
 MECHANISMS: dict[str, type[nn.Module]] = {
     "softmax": SoftmaxAttention,
@@ -38,9 +40,26 @@ KV_CACHED = tuple(name for name, cls in MECHANISMS.items() if issubclass(cls, So
 
 
 def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -> nn.Module:
-    """Build the attention mechanism `name` (one of MECHANISMS); extra kwargs go to its class."""
-    if name not in MECHANISMS:
-        raise ValueError(f"unknown attention {name!r}; expected one of {sorted(MECHANISMS)}")
+    """Build the attention mechanism `name` (one of MECHANISMS); extra kwargs go to its class.
+
+    Args:
+        name: the mechanism, one of "softmax", "quiet", "clipped", "gated", "micro", "elita", "fused"
+            (the keys of MECHANISMS); anything else is a ValueError naming them.
+        dim: the token width, an int >= 1 divisible by `heads`; inputs are (batch, length, dim).
+        heads: the number of heads, an int >= 1 (default 1).
+        causal: True for a decoder layer (each token sees only itself and earlier ones, and `step` decodes
+            token by token); default False. "elita" is causal only and "fused" never is.
+        **kwargs (Any): the class's own options, e.g. `num_queries` for micro, `max_len` for elita and the softmax
+            family, `alpha` for clipped, `norm` and `fuse` for fused.
+
+    Returns:
+        The layer, an nn.Module.
+
+    Example:
+        >>> layer = zoo.attention.build("micro", dim=256, heads=4, causal=True)
+    """
+    if not isinstance(name, str) or name not in MECHANISMS:
+        raise ValueError(f"unknown attention {shown(name)}; expected one of {sorted(MECHANISMS)}")
     return MECHANISMS[name](dim, heads=heads, causal=causal, **kwargs)
 
 
@@ -57,9 +76,12 @@ __all__ = [
     "KVCache",
     "MicroAttention",
     "MicroState",
+    "MultiheadAdapter",
     "QuietAttention",
     "SoftmaxAttention",
+    "TimmAttention",
     "attend",
     "build",
     "softmax_one",
+    "swap",
 ]

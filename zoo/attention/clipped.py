@@ -23,29 +23,56 @@ from __future__ import annotations
 
 import torch
 
+from zoo.attention.checks import number
+from zoo.attention.normalizers import clipped_softmax as clipped_softmax  # re-exported: it lives below the mechanisms
 from zoo.attention.softmax import SoftmaxAttention
 
 
-def clipped_softmax(x: torch.Tensor, dim: int = -1, zeta: float = 1.0, gamma: float = 0.0) -> torch.Tensor:
-    """clip((zeta - gamma) softmax(x) + gamma, 0, 1) along `dim`; gamma may be a tensor that broadcasts."""
-    if not x.is_floating_point():
-        raise ValueError(f"clipped_softmax expects a floating-point tensor, got dtype {x.dtype}")
-    return ((zeta - gamma) * torch.softmax(x, dim) + gamma).clamp(0.0, 1.0)
-
-
 class ClippedSoftmaxAttention(SoftmaxAttention):
-    """Multi-head attention whose weights are a clipped softmax, gamma = -alpha / (keys seen), zeta."""
+    """Multi-head attention whose weights are a clipped softmax, gamma = -alpha / (keys seen), zeta.
+
+    For each head h, with q, k, v the head's slices of W_qkv x, d = dim / heads and T the number of keys
+    the row sees (all of them, or keys 0..i for query i when causal):
+
+        head_h = clip((zeta - gamma) * softmax(q k^T / sqrt(d) + B_h) + gamma, 0, 1) v,   gamma = -alpha / T
+
+    The weights are built explicitly (no fused kernel computes them). Same inputs, outputs and KVCache
+    decoding as SoftmaxAttention. Caution: a uniform row is clipped to all zeros (no gradient) once alpha
+    exceeds T / (T - 1), which a freshly initialized model is close to; alpha < 1 keeps such rows alive
+    (see the module's docstring).
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`.
+        heads: the number of heads, an int >= 1 (default 1); each head is dim / heads wide.
+        causal: True: token i attends to tokens 0..i only, and `step` decodes; default False (bidirectional).
+        alpha: gamma's numerator, a number >= 0 (default 4, our choice; 0 gives a plain softmax when zeta = 1).
+        zeta: the stretch's upper end, a number >= 1 (default 1).
+        **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`.
+    """
 
     def __init__(self, dim: int, heads: int = 1, causal: bool = False, alpha: float = 4.0, zeta: float = 1.0,
                  **kwargs):
+        alpha, zeta = number(alpha, "alpha", type(self).__name__), number(zeta, "zeta", type(self).__name__, 1.0)
         super().__init__(dim, heads=heads, causal=causal, **kwargs)
-        if not alpha >= 0 or not zeta >= 1:
-            raise ValueError(f"{type(self).__name__} needs alpha >= 0 and zeta >= 1, got alpha={alpha}, zeta={zeta}")
-        self.alpha, self.zeta = float(alpha), float(zeta)
+        self.alpha, self.zeta = alpha, zeta
 
-    def clip(self, keys: int, queries: int, device) -> tuple[float, float | torch.Tensor]:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, *,
+                attn_mask: torch.Tensor | None = None, is_causal: bool = False, **kwargs) -> torch.Tensor:
+        """SoftmaxAttention's forward, without attn_mask and is_causal: gamma = -alpha / (keys seen) counts the
+        keys that the layer's own causality and the padding leave, which a mask from outside would change."""
+        if attn_mask is not None or (is_causal is not False and not self.causal):
+            raise ValueError(f"{type(self).__name__} takes no attn_mask and no is_causal=True (its gamma counts the "
+                             "keys each row sees): build it with causal=True, pass padding as key_padding_mask")
+        return super().forward(x, key_padding_mask, **kwargs)
+
+    def clip(self, keys: int, queries: int, device, key_padding_mask: torch.Tensor | None = None
+             ) -> tuple[float, float | torch.Tensor]:
         """(zeta, gamma) for queries aligned to the end of `keys` keys: gamma = -alpha / keys seen by each row
         (all of them, or those up to the query when causal), shaped to broadcast over (..., queries, keys)."""
+        if key_padding_mask is not None:  # only real keys count: a padded sequence gets the gamma it gets alone
+            seen = key_padding_mask.cumsum(-1, dtype=torch.float32)[:, keys - queries:] if self.causal else \
+                key_padding_mask.sum(-1, keepdim=True, dtype=torch.float32)
+            return self.zeta, (-self.alpha / seen.clamp(min=1))[:, None, :, None]
         if not self.causal:
             return self.zeta, -self.alpha / keys  # (a number: no size of the graph is turned into a constant)
         seen = torch.arange(queries, device=device, dtype=torch.float32) + (keys - queries + 1)

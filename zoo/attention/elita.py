@@ -42,13 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import blocks, native
-from zoo.attention.attend import autocast_off
+import zoo.attention.blocks as blocks
+import zoo.attention.native as native
+from zoo.attention.attend import autocast_off, refuse_attn_mask
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
     check_state,
     check_tokens,
+    flag,
+    integer,
     zero_padding,
 )
 
@@ -60,7 +63,17 @@ _PAD_LOGIT = -1e30
 @dataclass
 class ElitaState:
     """log sum_j X_j (batch, heads), the running mean M (batch, heads, head_dim) and the next position
-    (an int; a 0-d tensor in an exported decoding step)."""
+    (an int; a 0-d tensor in an exported decoding step).
+
+    The state between calls of `ElitaAttention.step`: pass None to start, then the state each call returns.
+    The tensors are in float32 (float64 for float64 inputs) whatever the tokens' dtype.
+
+    Args:
+        log_norm: A = log sum_{j<i} X_j over the tokens seen so far, (batch, heads).
+        mean: the running mean M = sum_{j<i} X_j V x_j / sum_{j<i} X_j, (batch, heads, head_dim).
+        position: the position of the next token (the number of tokens seen), an int >= 0, or a 0-d
+            integer tensor in an exported decoding step.
+    """
 
     log_norm: torch.Tensor
     mean: torch.Tensor
@@ -112,6 +125,38 @@ def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Ten
 
 
 class ElitaAttention(nn.Module):
+    """ELiTA's Attention2 (elita.md): causal softmax attention in linear time, with scalar keys.
+
+    For token i, with scalar keys k1, k2, k3 (vectors of width dim, one set per head), value map V, and
+    positions p_{r,i} = sin(i a_r / n + b_r) (r = 1, 2; vectors of width pos_dim) weighted by c:
+
+        X_j = exp(k1 . x_j + p_{1,j} . c)
+        y_i = (e^{k2 . x_i} V x_i + e^{p_{2,i} . c + k3 . x_i} sum_{j<=i} X_j V x_j)
+              / (e^{k2 . x_i} + e^{p_{2,i} . c + k3 . x_i} sum_{j<=i} X_j)
+
+    Each head has its own k1, k2, k3, a, b, c and its slice of V's output. Memory and time are linear in the
+    length; `y, state = layer.step(x_new, state)` decodes from an O(1) ElitaState, starting from None.
+
+    Takes x (batch, length, dim) and an optional `key_padding_mask` (batch, length), True for real tokens;
+    returns (batch, length, dim), zero at padded positions.
+
+    What we fixed in the write-up: n is the fixed `max_len`, never the input's length (else a token's output
+    would change as the sequence grows); the sums run in log space as a convex mix
+    y_i = g_i V x_i + (1 - g_i) M_i in which no exponent is positive, so 65k-token inputs and logits in the
+    hundreds stay finite and match a float64 recurrence; the scalar keys are computed in the input's own
+    precision even under bf16 autocast.
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`.
+        heads: the number of heads, an int >= 1 (default 1, the equation as written).
+        causal: must be True (the default): the sums run over j <= i; False is a ValueError.
+        max_len: n in the positions' i a / n, an int >= 1 (default 1024): the position scale, not a limit;
+            longer sequences run, the sines go on.
+        pos_dim: the width of the position vectors p_{r,i} and c, an int >= 1 (default 16).
+        chunk_size: the chunk length of the eager route's blockwise running mean, an int >= 1 (default 64);
+            it changes speed and memory, not the result.
+    """
+
     def __init__(
         self,
         dim: int,
@@ -122,9 +167,13 @@ class ElitaAttention(nn.Module):
         chunk_size: int = 64,
     ):
         super().__init__()
-        if not causal:
+        owner = type(self).__name__
+        if not flag(causal, "causal", owner):
             raise ValueError("ElitaAttention is causal only (its sums run over j <= i), got causal=False")
-        self.head_dim = check_heads(dim, heads, type(self).__name__)
+        self.head_dim = check_heads(dim, heads, owner)
+        # max_len is n in the positions' i / n; 0 would divide by zero and make every output NaN
+        max_len, pos_dim = integer(max_len, "max_len", owner), integer(pos_dim, "pos_dim", owner)
+        chunk_size = integer(chunk_size, "chunk_size", owner)
         self.dim, self.heads, self.causal = dim, heads, causal
         self.max_len, self.chunk_size = max_len, chunk_size
         # k1 (history), k2 (the token itself), k3 (the row's weight on its history)
@@ -149,17 +198,19 @@ class ElitaAttention(nn.Module):
         i = (torch.arange(n, device=x.device, dtype=wide) + start) / self.max_len  # start: an int or a 0-d tensor
         # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
         # over long sequences, where sin's own range reduction costs 3-5x more per element.
-        turns = i[:, None, None, None] * (self.freq.to(wide) / (2 * math.pi))  # (L, 2, H, P)
+        turns = i[..., None, None, None] * (self.freq.to(wide) / (2 * math.pi))  # (L, 2, H, P)
         turns = turns - turns.detach().floor()
         pos = torch.sin(turns * (2 * math.pi) + self.phase.to(wide))
         pos = (pos * self.pos_weight.to(wide)).sum(-1)  # (L, 2, H): p_1 . c and p_2 . c
-        history = keyed[:, :, 0] + pos[:, 0]
-        offset = keyed[:, :, 2] + pos[:, 1]
+        history = keyed[:, :, 0] + pos[..., 0, :]  # pos: (L, 2, H), or (B, L, 2, H) from per-row starts
+        offset = keyed[:, :, 2] + pos[..., 1, :]
         values = self.value(x).view(b, n, self.heads, self.head_dim)  # widened where they are read
         return history, keyed[:, :, 1], offset, values
 
     def _continue(self, x, state: ElitaState | None, key_padding_mask=None) -> tuple[torch.Tensor, ElitaState]:
         start = 0 if state is None else state.position
+        if state is None and key_padding_mask is not None:  # positions count from each row's first real token
+            start = -key_padding_mask.long().argmax(1, keepdim=True)  # (B, 1)
         history, own, offset, values = self._terms(x, start)
         if key_padding_mask is not None:
             history = history.masked_fill(~key_padding_mask[..., None], _PAD_LOGIT)
@@ -184,32 +235,63 @@ class ElitaAttention(nn.Module):
         out = gate * values + (1 - gate) * mean
         return out, log_norm[:, -1].clone(), mean[:, -1].clone()
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, *,
+                attn_mask: None = None, is_causal: bool = False) -> torch.Tensor:
+        """Always causal, whatever is_causal says (it is accepted for timm's and PyTorch's calls); an attn_mask
+        is refused: ELiTA has no query-key weights to mask."""
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        refuse_attn_mask(attn_mask, type(self).__name__)
+        flag(is_causal, "is_causal", type(self).__name__)
         out = blocks.scan(self._continue, zero_padding(x, key_padding_mask), key_padding_mask)  # cache-sized pieces
         return zero_padding(out, key_padding_mask)
 
-    def step(self, x: torch.Tensor, state: ElitaState | None = None) -> tuple[torch.Tensor, ElitaState]:
-        """Continue over new tokens x (batch, new, dim) from an O(1) state."""
+    def step(self, x: torch.Tensor, state: ElitaState | None = None,
+             key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ElitaState]:
+        """Continue over new tokens x (batch, new, dim) from an O(1) state.
+
+        Args:
+            x: the new tokens, (batch, new, dim), following those summarized in `state`.
+            state: the ElitaState returned by the previous call, or None to start a sequence at position 0.
+            key_padding_mask: (batch, new) bool, True for real tokens; padding adds nothing to the sums, and
+                from None, positions count from each row's first real token (left padding).
+
+        Returns:
+            The outputs for the new tokens (batch, new, dim), and the state after them.
+        """
         owner = type(self).__name__
         check_tokens(x, self.dim, owner)
         b, wide = x.shape[0], torch.promote_types(x.dtype, torch.float32)  # the log-space sums' dtype
         check_state(state, ElitaState, {"log_norm": (b, self.heads), "mean": (b, self.heads, self.head_dim)},
                     wide, x.device, owner)
         position = None if state is None else state.position
-        traced = isinstance(position, torch.Tensor) and position.dim() == 0 and not position.is_floating_point()
+        # a 0-d tensor (an exported step) or one position per row (batch, 1) (left-padded prompts)
+        traced = isinstance(position, torch.Tensor) and position.shape in ((), (b, 1)) and not (
+            position.is_floating_point() or position.is_complex() or position.dtype == torch.bool)
         if state is not None and not traced and (isinstance(position, bool) or not isinstance(position, int)
                                                  or position < 0):
             raise ValueError(f"{owner} state.position must be an int >= 0 (or a 0-d integer tensor), got {position!r}")
-        return self._continue(x, state)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, owner)
+        out, state = self._continue(zero_padding(x, key_padding_mask), state, key_padding_mask)
+        return zero_padding(out, key_padding_mask), state
 
 
 class FeedForward2(nn.Module):
-    """ELiTA's bilinear feed-forward: y_k = sum_{i,j} W3[k, i, j] swish(W1 x + b1)_i swish(W2 x + b2)_j + b3_k."""
+    """ELiTA's bilinear feed-forward: y_k = sum_{i,j} W3[k, i, j] swish(W1 x + b1)_i swish(W2 x + b2)_j + b3_k.
+
+    elita.md's FeedForward2, y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3 with swish(z) = z sigmoid(z):
+    the up-projection is replaced by two narrow ones (dim and rank wide) whose outer product W3 reads.
+    Takes x (..., dim) and returns (..., dim).
+
+    Args:
+        dim: the input and output width, an int >= 1.
+        rank: the width of the second branch, an int >= 1 (default 8, as in the write-up); W3 holds
+            dim * dim * rank weights.
+    """
 
     def __init__(self, dim: int, rank: int = 8):
         super().__init__()
+        dim, rank = integer(dim, "dim", "FeedForward2"), integer(rank, "rank", "FeedForward2")
         self.dim, self.rank = dim, rank
         self.w1 = nn.Linear(dim, dim)
         self.w2 = nn.Linear(dim, rank)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from zoo.attention.attend import attend
-from zoo.attention.checks import check_heads, check_padding_mask, check_tokens, zero_padding
+from zoo.attention.checks import check_heads, check_padding_mask, check_tokens, flag, shown, zero_padding
 from zoo.attention.quiet import softmax_one
 
 NORMS: dict[str, Callable] = {"softmax": torch.softmax, "softmax_one": softmax_one}
@@ -33,7 +33,44 @@ FUSES = ("mean", "max", "learned")
 
 
 class FusedAttention(nn.Module):
-    """Pools (batch, length, dim) tokens into g_V of a (batch, dim) vector."""
+    """Pools (batch, length, dim) tokens into g_V of a (batch, dim) vector (fused-attention.md).
+
+    For each head, with d the per-head key width (dim / heads):
+
+        Q = f_Q(X), K = f_K(X), V = f_V(X)
+        alpha = fuse(norm(K^T Q / sqrt(d)))      (one weight per key: L x 1)
+        Y = g_V(V alpha)
+
+    norm normalizes each query's scores over the keys; fuse reduces over the queries. With the defaults
+    (softmax, mean), alpha_j = (1/L) sum_q softmax_j(q . k / sqrt(d)), so V alpha is the mean of ordinary
+    attention outputs and runs through the fused SDPA kernel in O(L) memory; the L x L matrix is built
+    only for `return_alpha=True`, `alpha()`, fuse="max" or a callable.
+
+    Takes x (batch, length, dim) and an optional `key_padding_mask` (batch, length), True for real tokens
+    (padded tokens are neither keys nor queries); returns (batch, dim), zeros for a row with no real
+    token, or (y, alpha) with alpha (batch, heads, length) when called with `return_alpha=True`.
+
+    What we fixed in the write-up: it divides the scores by the square root of the value width; we divide by
+    the square root of the key width, as usual (the two agree only when the widths do).
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`; also the pooled vector's width before g_V.
+        heads: the number of heads, an int >= 1 (default 1), each with its own alpha.
+        causal: must be False (the default): pooling every token into one vector sees the whole sequence;
+            True is a ValueError.
+        norm: how a query's scores become weights over the keys: "softmax" (default), "softmax_one", or a
+            callable(scores, dim) taking scores (batch, heads, queries, keys) and dim=-1.
+        fuse: how the queries' weights become alpha: "mean" (default), "max", "learned" (a softmax over
+            the queries of a learned linear score of each token, per head), or a callable(weights,
+            query_weights) taking weights (batch, heads, queries, keys) and the mean's query weights
+            (batch, heads, queries), returning alpha (batch, heads, keys).
+        f_q: the module computing the queries from x (batch, length, dim) -> (batch, length, dim); default
+            None, a Linear(dim, dim).
+        f_k: the keys' module, as f_q; default None, a Linear(dim, dim).
+        f_v: the values' module, as f_q; default None, a Linear(dim, dim).
+        g_v: the module applied to the pooled (batch, dim) vector; default None, the identity.
+        bias: whether the default f_q, f_k, f_v Linear layers have biases (default True).
+    """
 
     def __init__(
         self,
@@ -49,12 +86,13 @@ class FusedAttention(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        if causal:
+        if flag(causal, "causal", "FusedAttention"):
             raise ValueError("FusedAttention pools all tokens into one vector, so it cannot be causal; got causal=True")
-        if isinstance(norm, str) and norm not in NORMS:
-            raise ValueError(f"FusedAttention norm must be one of {sorted(NORMS)} or a callable, got {norm!r}")
-        if isinstance(fuse, str) and fuse not in FUSES:
-            raise ValueError(f"FusedAttention fuse must be one of {list(FUSES)} or a callable, got {fuse!r}")
+        flag(bias, "bias", "FusedAttention")
+        for name, value, names in (("norm", norm, sorted(NORMS)), ("fuse", fuse, list(FUSES))):
+            if not (value in names if isinstance(value, str) else callable(value)):
+                error = ValueError if isinstance(value, str) else TypeError
+                raise error(f"FusedAttention {name} must be one of {names} or a callable, got {shown(value)}")
         self.head_dim = check_heads(dim, heads, type(self).__name__)
         self.dim, self.heads, self.norm, self.fuse = dim, heads, norm, fuse
         self.f_q = f_q if f_q is not None else nn.Linear(dim, dim, bias=bias)
@@ -81,7 +119,13 @@ class FusedAttention(nn.Module):
         return logits.softmax(-1).masked_fill(~key_padding_mask.any(-1)[:, None, None], 0.0)
 
     def alpha(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention vector alpha (batch, heads, length), built from the full score matrix."""
+        """The attention vector alpha (batch, heads, length), built from the full score matrix.
+
+        Args:
+            x: the tokens, (batch, length, dim).
+            key_padding_mask: (batch, length) bool, True for real tokens, or None (default): all real.
+                Padded tokens get alpha 0.
+        """
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
         return self._alpha(zero_padding(x, key_padding_mask), key_padding_mask)

@@ -12,14 +12,38 @@ output projection as usual. The attention itself is softmax's, through attend.py
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from zoo.attention.checks import number
 from zoo.attention.softmax import SoftmaxAttention
 
 
 class GatedAttention(SoftmaxAttention):
+    """Multi-head softmax attention with a per-token, per-head output gate (Bondarenko et al. 2023).
+
+    For each head h, with q, k, v the head's slices of W_qkv x, d = dim / heads and x_h the head's own
+    slice of the layer's input (d channels):
+
+        head_h = sigmoid(w_h . x_h + b_h) * softmax(q k^T / sqrt(d) + B_h) v,   y = W_o concat_h(head_h)
+
+    so a head can switch its update off for a token without putting all its softmax weight on an
+    uninformative token. Same inputs, outputs and KVCache decoding as SoftmaxAttention; the attention
+    itself runs through the fused SDPA kernels.
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`.
+        heads: the number of heads, an int >= 1 (default 1); each head is dim / heads wide.
+        causal: True: token i attends to tokens 0..i only, and `step` decodes; default False (bidirectional).
+        gate_bias: the gates' starting bias b_h, a finite number (default 0: a gate of 0.5 for a zero input;
+            the weights w_h start random, with standard deviation d^-0.5).
+        **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`.
+    """
+
     def __init__(self, dim: int, heads: int = 1, causal: bool = False, gate_bias: float = 0.0, **kwargs):
+        gate_bias = number(gate_bias, "gate_bias", type(self).__name__, -math.inf)
         super().__init__(dim, heads=heads, causal=causal, **kwargs)
         # one (d_head -> 1) map per head, as a grouped weight (heads, d_head) and bias (heads,)
         self.gate_weight = nn.Parameter(torch.zeros(heads, self.head_dim))

@@ -33,29 +33,71 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention import blocks, native
-from zoo.attention.attend import autocast_off
+import zoo.attention.blocks as blocks
+import zoo.attention.native as native
+from zoo.attention.attend import autocast_off, refuse_attn_mask
 from zoo.attention.checks import (
     check_heads,
     check_padding_mask,
     check_state,
     check_tokens,
+    flag,
+    integer,
     zero_padding,
 )
 
 
 @dataclass
 class MicroState:
-    """Running sums of a causal MicroAttention: sum_j s_j x_j (batch, heads, head_dim) and sum_j s_j (batch, heads)."""
+    """Running sums of a causal MicroAttention: sum_j s_j x_j (batch, heads, head_dim) and sum_j s_j (batch, heads).
+
+    The state between calls of `MicroAttention.step`: pass None to start, then the state each call returns.
+    Both sums are in float32 (float64 for float64 inputs) whatever the tokens' dtype.
+
+    Args:
+        weighted_sum: sum_{j<=t} s_j x_j over the tokens seen so far, per head, (batch, heads, head_dim).
+        score_sum: sum_{j<=t} s_j over the same tokens, (batch, heads), >= 0.
+    """
 
     weighted_sum: torch.Tensor
     score_sum: torch.Tensor
 
 
 class MicroAttention(nn.Module):
+    """MicroAttention (micro-attention.md): each token minus a score-weighted running mean of the tokens.
+
+    Each token x_t gets a non-negative score from P learned global queries q_p, and the layer returns
+
+        s_t = sum_p relu(q_p . x_t)
+        m_t = sum_{j<=t} s_j x_j / sum_{j<=t} s_j        (all j, not j <= t, when bidirectional)
+        y_t = W_o (x_t - m_t)
+
+    x plays both key and value; there is no position encoding. With heads > 1 each head has its own P
+    queries (over the whole token) and its own mean over its slice of dim / heads channels. A causal layer
+    decodes with `y, state = layer.step(x_new, state)` from a MicroState of one vector and one scalar per
+    head, starting from `state=None`.
+
+    Takes x (batch, length, dim) and an optional `key_padding_mask` (batch, length), True for real tokens;
+    returns (batch, length, dim), zero at padded positions.
+
+    What we fixed in the seed: its code defines `ScoresMatrix` but uses `self.Matrix`, so it does not run as
+    printed; and its (sum + 1e-9) rounds away in half precision, so an all-zero score prefix gave 0/0 = NaN.
+    Here that prefix's mean is 0, the sums accumulate in float32 whatever the input dtype, and padded tokens
+    get score 0, so they never enter a mean.
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`.
+        heads: the number of heads, an int >= 1 (default 1, the seed's layer).
+        causal: True (the default): m_t averages tokens 0..t, and `step` decodes; False: every m_t averages
+            all tokens (for images).
+        num_queries: P, the number of learned global queries per head, an int >= 1 (default 4).
+    """
+
     def __init__(self, dim: int, heads: int = 1, causal: bool = True, num_queries: int = 4):
         super().__init__()
-        self.head_dim = check_heads(dim, heads, type(self).__name__)
+        owner = type(self).__name__
+        self.head_dim = check_heads(dim, heads, owner)
+        causal, num_queries = flag(causal, "causal", owner), integer(num_queries, "num_queries", owner)
         self.dim, self.heads, self.causal, self.num_queries = dim, heads, causal, num_queries
         self.queries = nn.Parameter(torch.empty(heads * num_queries, dim))
         nn.init.xavier_uniform_(self.queries)
@@ -93,11 +135,16 @@ class MicroAttention(nn.Module):
         out = self._output(x, tokens, weighted_sum, score_sum)
         return out, MicroState(weighted_sum[:, -1].clone(), score_sum[:, -1].clone())
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, *,
+                attn_mask: None = None, is_causal: bool = False) -> torch.Tensor:
+        """is_causal=True makes a bidirectional layer attend causally for this call (timm's and PyTorch's
+        convention); an attn_mask is refused: micro attention has no query-key weights to mask."""
         check_tokens(x, self.dim, type(self).__name__)
         key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        refuse_attn_mask(attn_mask, type(self).__name__)
+        causal = self.causal or flag(is_causal, "is_causal", type(self).__name__)
         x = zero_padding(x, key_padding_mask)
-        if not self.causal:
+        if not causal:
             scores, tokens = self._scores_and_tokens(x, key_padding_mask)
             weighted = tokens * scores[..., None]
             out = self._output(x, tokens, weighted.sum(1, keepdim=True), scores.sum(1, keepdim=True))
@@ -105,12 +152,24 @@ class MicroAttention(nn.Module):
             out = blocks.scan(self._continue, x, key_padding_mask)  # cache-sized pieces of the scan
         return zero_padding(out, key_padding_mask)
 
-    def step(self, x: torch.Tensor, state: MicroState | None = None) -> tuple[torch.Tensor, MicroState]:
-        """Continue the running mean over new tokens x (batch, new, dim)."""
+    def step(self, x: torch.Tensor, state: MicroState | None = None,
+             key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, MicroState]:
+        """Continue the running mean over new tokens x (batch, new, dim).
+
+        Args:
+            x: the new tokens, (batch, new, dim), following those summed in `state`.
+            state: the MicroState returned by the previous call, or None to start a sequence.
+            key_padding_mask: (batch, new) bool, True for real tokens; padding adds nothing to the sums.
+
+        Returns:
+            The outputs for the new tokens (batch, new, dim), and the state after them.
+        """
         if not self.causal:
             raise RuntimeError("MicroAttention.step needs causal=True: the bidirectional mean sees the future")
         check_tokens(x, self.dim, type(self).__name__)
         b, wide = x.shape[0], torch.promote_types(x.dtype, torch.float32)  # the sums' dtype
         check_state(state, MicroState, {"weighted_sum": (b, self.heads, self.head_dim), "score_sum": (b, self.heads)},
                     wide, x.device, type(self).__name__)
-        return self._continue(x, state)
+        key_padding_mask = check_padding_mask(key_padding_mask, x, type(self).__name__)
+        out, state = self._continue(zero_padding(x, key_padding_mask), state, key_padding_mask)
+        return zero_padding(out, key_padding_mask), state

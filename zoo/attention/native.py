@@ -37,29 +37,80 @@ CAPABILITY_FLAGS = {
 log = logging.getLogger(__name__)
 
 
+def _name() -> str:
+    # One build folder per installed copy and torch version: two environments sharing
+    # the cache would otherwise rebuild over each other at every switch.
+    capability = torch.backends.cpu.get_cpu_capability()
+    key = hashlib.sha256(f"{SOURCES[0].parent}|{torch.__version__}".encode()).hexdigest()[:8]
+    sanitize = os.environ.get("ZOO_NATIVE_SANITIZE", "")
+    return f"zoo_native_{capability.lower()}_{key}" + (f"_{sanitize}" if sanitize else "")
+
+
+def build_folder() -> Path:
+    """Where PyTorch builds and caches the kernels (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(_name(), verbose=False))
+
+
+@contextlib.contextmanager
+def _building_message(folder: Path):
+    """One line on stderr while a build runs (minutes), with the seconds so far where stderr is a terminal."""
+    import sys
+    import threading
+    import time
+
+    started, done = time.time(), threading.Event()
+    line = f"zoo: building the compiled CPU kernels once, in {folder} (1-4 minutes; `zoo build-kernels` does it ahead)"
+    live = sys.stderr.isatty()
+
+    def tick():
+        while not done.wait(1.0):
+            sys.stderr.write(f"\r{line} {time.time() - started:.0f} s")
+            sys.stderr.flush()
+
+    sys.stderr.write(line + ("" if live else "\n"))
+    sys.stderr.flush()
+    ticker = threading.Thread(target=tick, daemon=True) if live else None
+    if ticker:
+        ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if ticker:
+            ticker.join()
+        sys.stderr.write(f"{chr(13) + line + ' ' if live else 'zoo: '}done in {time.time() - started:.0f} s\n")
+
+
 @functools.cache
 def load() -> ModuleType | None:
-    """The compiled kernels, or None where they cannot be built (zoo then stays eager)."""
+    """The compiled kernels, or None where they cannot be built (zoo then stays eager).
+
+    Processes that start at once build once: the first takes a lock beside the build folder,
+    the others wait for it and then load what it built.
+    """
     if os.environ.get("ZOO_NATIVE", "1") == "0":
         return None
     capability = torch.backends.cpu.get_cpu_capability()
     # Importing cpp_extension logs a warning about CUDA that means nothing on the CPU.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    from filelock import FileLock
     from torch.utils import cpp_extension
 
-    log.info("loading zoo's CPU kernels for %s (the first build takes about a minute)", capability)
-    # One build folder per installed copy and torch version: two environments sharing
-    # the cache would otherwise rebuild over each other at every switch.
-    key = hashlib.sha256(f"{SOURCES[0].parent}|{torch.__version__}".encode()).hexdigest()[:8]
     sanitize = os.environ.get("ZOO_NATIVE_SANITIZE", "")
     checked = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"] if sanitize else []
     try:
-        return cpp_extension.load(
-            name=f"zoo_native_{capability.lower()}_{key}" + (f"_{sanitize}" if sanitize else ""),
-            sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(capability, []), *checked],
-            extra_ldflags=["-fopenmp", *checked],
-        )
+        folder = build_folder()
+        with FileLock(str(folder.parent / f"{folder.name}.zoo-build.lock")):
+            built = (folder / f"{_name()}.so").is_file()
+            with contextlib.nullcontext() if built else _building_message(folder):
+                return cpp_extension.load(
+                    name=_name(),
+                    sources=[str(s) for s in SOURCES],
+                    extra_cflags=["-O3", "-fopenmp", *CAPABILITY_FLAGS.get(capability, []), *checked],
+                    extra_ldflags=["-fopenmp", *checked],
+                )
     except Exception as error:  # no compiler, no ninja, a read-only cache: all mean "stay eager"
         warnings.warn(
             f"zoo could not build its compiled CPU kernels ({type(error).__name__}: {str(error)[:300]}); "
@@ -91,10 +142,21 @@ def eager_routes():
         _eager_only = before
 
 
+@torch.compiler.assume_constant_result
+def _exporting_to_onnx() -> bool:
+    """Whether torch.onnx.export (either exporter) is tracing: ONNX has no translation of zoo's operators,
+    so exports take the eager routes, built of operators it knows, without the user passing anything."""
+    import sys
+
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
+
+
 def usable(t: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
-    """Whether the kernels take `t`: a CPU tensor of one of `dtypes`, where they could be built.
-    torch.compile takes the answer as a constant of the graph (it is one: the build happens once)."""
-    return not _eager_only and t.device.type == "cpu" and t.dtype in dtypes and _built()
+    """Whether the kernels take `t`: a CPU tensor of one of `dtypes`, where they could be built, outside an
+    ONNX export. torch.compile takes the answer as a constant of the graph (it is one: the build happens once)."""
+    return (not _eager_only and t.device.type == "cpu" and t.dtype in dtypes and _built()
+            and not _exporting_to_onnx())
 
 
 # ---- the kernels as PyTorch operators ----------------------------------------------------------

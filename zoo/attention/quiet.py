@@ -18,71 +18,34 @@ The gradient has the same form as softmax's, grad_x = y * (g - sum(g * y)).
 
 from __future__ import annotations
 
-import torch
-from torch.autograd.function import once_differentiable
-
-from zoo.attention import native
+# softmax_one lives below every mechanism (normalizers.py); it stays importable from here, as it always was.
+from zoo.attention.normalizers import KERNEL_DTYPES as KERNEL_DTYPES
+from zoo.attention.normalizers import _forward_eager as _forward_eager
+from zoo.attention.normalizers import softmax_one as softmax_one
 from zoo.attention.softmax import SoftmaxAttention
 
 
-def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
-    y = torch.softmax(x, dim)
-    wide = torch.promote_types(x.dtype, torch.float32)  # bf16 and fp16 work in float32
-    x0 = x.narrow(dim, 0, 1).to(wide)
-    y0 = y.narrow(dim, 0, 1).to(wide)
-    log_sum = x0 - y0.log()
-    # Where column 0 underflowed (or is masked with -inf), its ratio says nothing; fall back.
-    usable = y0 > torch.finfo(wide).tiny
-    if not bool(usable.all()):
-        log_sum = torch.where(usable, log_sum, torch.logsumexp(x.to(wide), dim, keepdim=True))
-        # A row of -inf is exactly zero (softmax alone made it NaN).
-        y.masked_fill_(torch.isneginf(log_sum), 0.0)
-    return y.mul_(torch.sigmoid(log_sum).to(y.dtype))
-
-
-class _SoftmaxOneEager(torch.autograd.Function):
-    """The eager route with softmax's backward: its forward works in place on softmax's output."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int) -> torch.Tensor:
-        y = _forward_eager(x, dim)
-        ctx.dim = dim
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        (y,) = ctx.saved_tensors
-        return torch._softmax_backward_data(grad, y, ctx.dim, y.dtype), None
-
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """exp(x_i) / (1 + sum_j exp(x_j)) along `dim`, stable for every finite input."""
-    if not x.is_floating_point():
-        raise ValueError(f"softmax_one expects a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() == 0:
-        raise ValueError("softmax_one expects a tensor with at least one dimension, got a scalar")
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"softmax_one got dim={dim} for a tensor of {x.dim()} dimensions")
-    dim = dim % x.dim()
-    if x.shape[dim] == 0:
-        return x.clone()
-    needs_grad = torch.is_grad_enabled() and x.requires_grad
-    if not native.usable(x, KERNEL_DTYPES):
-        return _SoftmaxOneEager.apply(x, dim) if needs_grad else _forward_eager(x, dim)
-    last = x.movedim(dim, -1)
-    if needs_grad or torch.compiler.is_compiling():
-        y = native.softmax_one(last)  # the operator, which autograd and the compilers see
-    else:
-        y = native.load().softmax_one_lastdim(last)  # the operator's dispatch costs tens of microseconds a call
-    return y.movedim(-1, dim)
-
-
 class QuietAttention(SoftmaxAttention):
-    """Multi-head attention whose weights are softmax_one: a head may attend to nothing."""
+    """Multi-head attention whose weights are softmax_one: a head may attend to nothing.
+
+    For each head h, with q, k, v the head's slices of W_qkv x and d = dim / heads:
+
+        head_h = softmax_one(q k^T / sqrt(d) + B_h) v,    softmax_one(s)_j = exp(s_j) / (1 + sum_j' exp(s_j'))
+
+    It runs through the fused SDPA kernels unchanged: a prepended key of zeros with a value of zeros adds
+    exactly the 1 to every denominator (attend.py). Same inputs, outputs and KVCache decoding as
+    SoftmaxAttention.
+
+    Args:
+        dim: the token width, an int >= 1 divisible by `heads`.
+        heads: the number of heads, an int >= 1 (default 1); each head is dim / heads wide.
+        causal: True: token i attends to tokens 0..i only, and `step` decodes; default False (bidirectional).
+        bias: whether the qkv and output projections have biases (default True).
+        dropout: the dropout probability on the attention weights while training, in [0, 1) (default 0).
+        max_len: the longest sequence the learned bias covers, an int >= 1; needed with `learned_bias`,
+            otherwise unused (default None).
+        learned_bias: add a trainable bias per head over (query, key) positions, (heads, max_len, max_len),
+            started at zero; default False.
+    """
 
     quiet = True

@@ -32,17 +32,20 @@ class _Torchvision(ArrayClassificationData):
         import torchvision
 
         cls = getattr(torchvision.datasets, self.dataset_name)
-        try:
+        try:  # without download, torchvision creates nothing under the root
             return cls(str(self.root), train=train, download=False)
         except RuntimeError:
             if not self.download:
-                raise FileNotFoundError(f"{self.dataset_name} not found under {self.root} and download=False; "
-                                        f"set data.root to the folder that holds {self.dataset_name}/") from None
+                raise FileNotFoundError(f"{self.dataset_name} not found under {self.root} and download=False; set "
+                                        f"data.root to the folder that holds {self.dataset_name}/, or "
+                                        "data.download=true to fetch it with torchvision") from None
         try:
             return cls(str(self.root), train=train, download=True)
         except Exception as err:  # offline, or the mirror is down
+            reason = (str(err).strip().splitlines() or [""])[0]  # torchvision lists every mirror it tried
             raise FileNotFoundError(f"{self.dataset_name} is not under {self.root} and could not be downloaded "
-                                    f"({type(err).__name__}: {err}); set data.root to a folder that holds it") from err
+                                    f"({type(err).__name__}: {reason}); set data.root to a folder that holds "
+                                    f"{self.dataset_name}/") from None
 
     def load(self, split):
         ds = self._dataset(train=split == "train")
@@ -52,6 +55,24 @@ class _Torchvision(ArrayClassificationData):
 
 
 class MNIST(_Torchvision):
+    """MNIST: 60,000 training and 10,000 test handwritten digits, images (1, 28, 28) with pixels in [0, 1].
+
+    Read (and downloaded) with torchvision and held in memory as tensors; validation is held out from the
+    training split with `seed`.
+
+    Args:
+        root: the folder holding torchvision's `MNIST/` folder, where it is downloaded if missing and
+            `download` is True; "~" is expanded. Default "data".
+        batch_size: the samples per batch of every loader, an int >= 1 (default 128).
+        download: fetch the set with torchvision when it is not under root (default True); False refuses
+            with a FileNotFoundError instead.
+        augment: apply the training augmentation (`shift`, `flip`) to training batches (default True).
+        shift: random translations of training images by up to this many pixels (zero padded), an int >= 0;
+            default None: 2.
+        flip: random left-right mirror images of training images; default None: False.
+        **kwargs (Any): ArrayClassificationData's `val_fraction`, `seed` and `num_workers`.
+    """
+
     dataset_name = dataset = "MNIST"
     hub_dataset = "ylecun/mnist"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.1307], "std": [0.3081],
@@ -59,6 +80,24 @@ class MNIST(_Torchvision):
 
 
 class FashionMNIST(MNIST):
+    """Fashion-MNIST: 60,000 training and 10,000 test images of clothing, (1, 28, 28) in [0, 1], 10 classes.
+
+    Read (and downloaded) with torchvision and held in memory as tensors; validation is held out from the
+    training split with `seed`.
+
+    Args:
+        root: the folder holding torchvision's `FashionMNIST/` folder, where it is downloaded if missing and
+            `download` is True; "~" is expanded. Default "data".
+        batch_size: the samples per batch of every loader, an int >= 1 (default 128).
+        download: fetch the set with torchvision when it is not under root (default True); False refuses
+            with a FileNotFoundError instead.
+        augment: apply the training augmentation (`shift`, `flip`) to training batches (default True).
+        shift: random translations of training images by up to this many pixels (zero padded), an int >= 0;
+            default None: 2.
+        flip: random left-right mirror images of training images; default None: False.
+        **kwargs (Any): ArrayClassificationData's `val_fraction`, `seed` and `num_workers`.
+    """
+
     dataset_name, dataset = "FashionMNIST", "Fashion-MNIST"
     hub_dataset = "zalando-datasets/fashion_mnist"
     info = {"num_classes": 10, "in_chans": 1, "input_size": [28, 28], "mean": [0.2860], "std": [0.3530],
@@ -67,6 +106,24 @@ class FashionMNIST(MNIST):
 
 
 class CIFAR10(_Torchvision):
+    """CIFAR-10: 50,000 training and 10,000 test color images, (3, 32, 32) with pixels in [0, 1], 10 classes.
+
+    Read (and downloaded) with torchvision and held in memory as tensors; validation is held out from the
+    training split with `seed`.
+
+    Args:
+        root: the folder holding torchvision's `cifar-10-batches-py/` folder, where it is downloaded if missing and
+            `download` is True; "~" is expanded. Default "data".
+        batch_size: the samples per batch of every loader, an int >= 1 (default 128).
+        download: fetch the set with torchvision when it is not under root (default True); False refuses
+            with a FileNotFoundError instead.
+        augment: apply the training augmentation (`shift`, `flip`) to training batches (default True).
+        shift: random translations of training images by up to this many pixels (zero padded), an int >= 0;
+            default None: 4.
+        flip: random left-right mirror images of training images; default None: True.
+        **kwargs (Any): ArrayClassificationData's `val_fraction`, `seed` and `num_workers`.
+    """
+
     dataset_name, dataset = "CIFAR10", "CIFAR-10"
     default_shift, default_flip = 4, True
     hub_dataset = "uoft-cs/cifar10"

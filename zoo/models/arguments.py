@@ -3,60 +3,48 @@
 Configs come from JSON files, recipes and command lines. A size given as 1e9 (a float),
 a negative depth or a width in the billions is refused here with the argument's name and
 the accepted range, instead of being found by the allocator when the machine runs out of
-memory. The budget is counted exactly by building the model on PyTorch's meta device,
-where parameters have shapes but no storage.
+memory; likewise values that would build a model giving silently wrong numbers (a switch
+given as "no", a std that is 0 in float32, an MLP with no hidden unit). The budget is
+counted exactly by building the model on PyTorch's meta device, where parameters have
+shapes but no storage.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 
 import torch
 
+# The checkers live in the lowest layer, which checks its own arguments with them; the families import them here.
+from zoo.attention.checks import MAX_SIZE, flag, integer, number, shown  # noqa: F401
+
 MAX_PARAMETERS = 10**9  # 4 GB of float32 weights; raise with max_parameters= or $ZOO_MAX_PARAMETERS
-MAX_SIZE = 2**31 - 1  # any one size (width, depth, length): products of two stay countable in int64
-
-
-def integer(value, name: str, owner: str, minimum: int = 1, maximum: int | None = MAX_SIZE) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner} {name} must be an integer, got {value!r} ({type(value).__name__})")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{owner} {name} must be {bound}, got {value}")
-    return int(value)
-
-
-def number(value, name: str, owner: str, minimum: float = 0.0, maximum: float = math.inf,
-           include_minimum: bool = True, include_maximum: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner} {name} must be a number, got {value!r} ({type(value).__name__})")
-    low_ok = value >= minimum if include_minimum else value > minimum
-    high_ok = value <= maximum if include_maximum else value < maximum
-    if not (math.isfinite(value) and low_ok and high_ok):
-        left, right = "[" if include_minimum else "(", "]" if include_maximum else ")"
-        raise ValueError(f"{owner} {name} must be a finite number in {left}{minimum}, {maximum}{right}, got {value}")
-    return float(value)
+# Normalization constants: (x - mean) / std of inputs in [0, 1] must stay a finite float32 that is not
+# all zeros (std 1e-300 is 0 in float32, 1e300 is inf; mean 1e300 is inf), so both are bounded.
+MAX_MEAN = 1e6
+STD_RANGE = (1e-12, 1e12)
 
 
 def transformer_sizes(owner: str, embed_dim, depth, num_heads, mlp_ratio, drop_rate) -> tuple:
     """The arguments every family shares, checked: (embed_dim, depth, num_heads, mlp_ratio, drop_rate)."""
-    return (integer(embed_dim, "embed_dim", owner), integer(depth, "depth", owner, 0),
-            integer(num_heads, "num_heads", owner),
-            number(mlp_ratio, "mlp_ratio", owner, include_minimum=False, maximum=1024.0),
+    embed_dim = integer(embed_dim, "embed_dim", owner)
+    mlp_ratio = number(mlp_ratio, "mlp_ratio", owner, include_minimum=False, maximum=1024.0)
+    if int(embed_dim * mlp_ratio) < 1:  # the MLP's hidden width (layers.Mlp): 0 would make empty weights
+        raise ValueError(f"{owner} mlp_ratio must give the MLP at least one hidden unit (embed_dim * mlp_ratio >= 1), "
+                         f"got embed_dim={embed_dim}, mlp_ratio={mlp_ratio}")
+    return (embed_dim, integer(depth, "depth", owner, 0), integer(num_heads, "num_heads", owner), mlp_ratio,
             number(drop_rate, "drop_rate", owner, maximum=1.0, include_maximum=False))
 
 
 def channel_stats(values, name: str, owner: str, channels: int, positive: bool = False) -> list[float]:
-    """mean or std: one finite number per input channel, or one for all (std > 0)."""
+    """mean or std: one number per input channel, or one for all, within MAX_MEAN or STD_RANGE."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
-        raise TypeError(f"{owner} {name} must be a list of {channels} number(s), got {values!r}")
+        raise TypeError(f"{owner} {name} must be a list of {channels} number(s), got {shown(values)}")
     if len(values) not in (1, channels):
         raise ValueError(f"{owner} {name} must have one value per input channel ({channels}) or one for all, "
                          f"got {len(values)}")
-    low = 0.0 if positive else -math.inf
-    return [number(v, name, owner, low, include_minimum=not positive) for v in values]
+    low, high = STD_RANGE if positive else (-MAX_MEAN, MAX_MEAN)
+    return [number(v, name, owner, low, high) for v in values]
 
 
 def classifier_arguments(owner: str, in_chans: int, num_classes: int, drop_path_rate, mean, std,
@@ -71,10 +59,10 @@ def label_names(names, num_classes: int, owner: str) -> list[str] | None:
     if names is None:
         return None
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)):
-        raise TypeError(f"{owner} label_names must be a list of {num_classes} strings or None, got {names!r}")
+        raise TypeError(f"{owner} label_names must be a list of {num_classes} strings or None, got {shown(names)}")
     if len(names) != num_classes or not all(isinstance(n, str) for n in names):
         raise ValueError(f"{owner} label_names must be {num_classes} strings (one per class), got {len(names)} "
-                         f"item(s): {list(names)[:5]}")
+                         f"item(s): {shown(list(names)[:5])}")
     return list(names)
 
 

@@ -10,13 +10,14 @@ wrapper calls), `set_grad_checkpointing`, `get_classifier` and `reset_classifier
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.models.arguments import integer
+from zoo.models.arguments import flag, integer
 from zoo.models.layers import take_indices
 
 
@@ -78,6 +79,32 @@ class TokenBackbone:
         levels = (["patch_embed"] if self.embedding_level else []) + [f"blocks.{i}" for i in range(len(self.blocks))]
         return [{"module": name, "num_chs": self.embed_dim, "reduction": reduction} for name in levels]
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups (layer-wise learning-rate decay): the embedding, each block, then the rest."""
+        return {"stem": r"^cls_token|^pos_embed|^patch_embed",
+                "blocks": r"^blocks\.(\d+)" if coarse else [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
+    # ---- position embedding at another image size ------------------------------------------
+
+    def stored_grid(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """The square patch grid of a learned position embedding stored with `shape` for another image size,
+        which loading resamples to this model's grid; a ValueError if it cannot be one of this model's."""
+        prefix, grid = self.num_prefix_tokens, self.grid
+        tokens = shape[1] - prefix if len(shape) == 3 else 0
+        side = math.isqrt(max(tokens, 0))
+        if grid is None or len(grid) != 2 or shape[0] != 1 or shape[2] != self.embed_dim or side * side != tokens \
+                or tokens == 0:
+            raise ValueError(f"{type(self).__name__} resamples a stored pos_embed of shape (1, {prefix} + n * n, "
+                             f"{self.embed_dim}), from a square grid of patches to its own {grid}; got {tuple(shape)}")
+        return side, side
+
+    def resample_pos_embed(self, pos_embed: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """A learned position embedding for the patch grid `grid`, resampled to this model's as timm resamples a
+        ViT's when it loads weights for another img_size (bicubic, antialiased; prefix tokens kept as they are)."""
+        from timm.layers import resample_abs_pos_embed
+
+        return resample_abs_pos_embed(pos_embed, list(self.grid), list(grid), self.num_prefix_tokens)
+
     # ---- classifier ---------------------------------------------------------------------------
 
     def get_classifier(self) -> nn.Module:
@@ -104,7 +131,7 @@ class TokenBackbone:
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass instead of keeping them."""
-        self.grad_checkpointing = enable
+        self.grad_checkpointing = flag(enable, "set_grad_checkpointing enable", type(self).__name__)
 
     def run_block(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():
@@ -116,11 +143,11 @@ class TokenBackbone:
             x = self.run_block(block, x)
         return x
 
-    def _level(self, x: torch.Tensor, output_fmt: str) -> torch.Tensor:
+    def _level(self, x: torch.Tensor, output_fmt: str, grid: tuple[int, ...]) -> torch.Tensor:
         x = x[:, self.num_prefix_tokens:]
         if output_fmt == "NLC":
             return x
-        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.grid).contiguous()
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid).contiguous()
 
     def forward_intermediates(
         self,
@@ -144,13 +171,16 @@ class TokenBackbone:
         stages = ([None] if self.embedding_level else []) + list(self.blocks)
         if stop_early:
             stages = stages[: last + 1]
+        grid = self.grid
+        if getattr(self, "dynamic_img_size", False):  # the grid of these images
+            grid = tuple(w // p for w, p in zip(x.shape[2:], self.patch_size))
         x = self.embed_tokens(x)
         intermediates = []
         for i, block in enumerate(stages):
             if block is not None:
                 x = self.run_block(block, x)
             if i in take:
-                intermediates.append(self._level(self.norm(x) if norm else x, output_fmt))
+                intermediates.append(self._level(self.norm(x) if norm else x, output_fmt, grid))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
 
     def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,

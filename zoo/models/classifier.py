@@ -6,6 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zoo.attention.checks import check_data, integer
+
 
 def _is_pil(inputs) -> bool:
     return type(inputs).__module__.startswith("PIL.")
@@ -77,6 +79,9 @@ class Classifier:
         in [0, 1], while signals and volumes are taken at their value; anything else is refused.
         Images (two spatial dimensions) of another size are resized.
         """
+        owner = type(self).__name__
+        if torch.is_tensor(inputs):
+            check_data(inputs, "the input", owner)
         images = len(self.input_shape) == 3 or _is_pil(inputs)  # pixels, which floats must give in [0, 1]
         if _is_pil(inputs):
             inputs = _from_pil(inputs, self.input_shape[0])
@@ -84,9 +89,9 @@ class Classifier:
             try:
                 inputs = np.asarray(inputs)
             except ValueError as e:  # ragged nested lists
-                raise ValueError(f"{type(self).__name__} could not read the input as an array: {e}") from None
+                raise ValueError(f"{owner} could not read the input as an array: {e}") from None
             if inputs.dtype == object or inputs.dtype.kind not in "biuf":
-                raise ValueError(f"{type(self).__name__} takes numbers (a PIL image, an array or a tensor), got an "
+                raise ValueError(f"{owner} takes numbers (a PIL image, an array or a tensor), got an "
                                  f"array of {inputs.dtype}")
         x = to_unit_range(torch.as_tensor(inputs), pixels=images)
         channels, size = self.input_shape[0], self.input_shape[1:]
@@ -95,11 +100,13 @@ class Classifier:
         if x.dim() == len(size) + 1:
             x = x.unsqueeze(0)
         if x.dim() != len(size) + 2 or x.shape[1] != channels:
-            raise ValueError(f"{type(self).__name__} takes inputs of shape {tuple(self.input_shape)} (or a batch of "
+            raise ValueError(f"{owner} takes inputs of shape {tuple(self.input_shape)} (or a batch of "
                              f"them, or {tuple(size)} with one channel), got {tuple(torch.as_tensor(x).shape)}")
+        if 0 in x.shape[2:]:
+            raise ValueError(f"{owner} takes inputs of size {tuple(size)}, got an empty one: {tuple(x.shape[2:])}")
         if tuple(x.shape[2:]) != tuple(size):
             if len(size) != 2:
-                raise ValueError(f"{type(self).__name__} takes inputs of size {tuple(size)}, got {tuple(x.shape[2:])}; "
+                raise ValueError(f"{owner} takes inputs of size {tuple(size)}, got {tuple(x.shape[2:])}; "
                                  "only images are resized")
             x = F.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
         mean = torch.tensor(self.config["mean"]).view(1, -1, *[1] * len(size))
@@ -110,8 +117,13 @@ class Classifier:
     @torch.no_grad()
     def classify(self, inputs, top_k: int = 1) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
         """The `top_k` (label, probability) pairs; one list per item for a batch."""
+        integer(top_k, "top_k", f"{type(self).__name__}.classify")
         x = self.preprocess(inputs)
-        probs = self(x).float().softmax(-1)
+        logits = self(x).float()
+        if not bool(torch.isfinite(logits).all()):  # softmax would turn them into NaN probabilities, silently
+            raise ValueError(f"{type(self).__name__} produced non-finite logits (inf or NaN) from a finite input: "
+                             "its weights are likely too large (a diverged or damaged model)")
+        probs = logits.softmax(-1)
         values, indices = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         labels = self.config.get("label_names") or [str(i) for i in range(probs.shape[-1])]
         result = [[(labels[i], round(float(p), 4)) for p, i in zip(v, ix)] for v, ix in zip(values, indices)]

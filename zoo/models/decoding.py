@@ -6,6 +6,7 @@
 ids are (batch, length) token ids; position is a 0-d int64 tensor (the number of tokens seen);
 state is every block's decoding state as plain tensors, in block order:
     softmax, quiet, clipped, gated:  keys, values   (batch, heads, tokens seen, head_dim) each: the KV cache
+                     (quiet's has one slot more in front: its zero key and value)
     micro:           weighted_sum, score_sum   (batch, heads, head_dim), (batch, heads)
     elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
 Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `export`
@@ -32,12 +33,25 @@ STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED},
 
 
 def state_names(model) -> list[str]:
+    """The names of the state tensors in order, "block{i}.{field}" (e.g. "block0.keys"), for exported inputs.
+
+    Args:
+        model: the TextTransformer whose blocks' states are named.
+    """
     fields = STATE_FIELDS[model.config["attention"]]
     return [f"block{i}.{f}" for i in range(len(model.blocks)) for f in fields]
 
 
 def flatten_states(states: list) -> list[torch.Tensor]:
-    return [getattr(s, f) for s in states for f in STATE_FIELDS[_kind(s)]]
+    """Block states as plain tensors in block order: keys, values (KVCache); weighted_sum, score_sum
+    (MicroState); or log_norm, mean (ElitaState).
+
+    Args:
+        states: the blocks' states, as `TextTransformer.forward_step` returns them.
+    """
+    # a KVCache's buffers may have room beyond its tokens (decoding grows them by doubling): only its tokens
+    return [getattr(s, f)[:, :, :s.length] if isinstance(s, KVCache) and s.filled is not None else getattr(s, f)
+            for s in states for f in STATE_FIELDS[_kind(s)]]
 
 
 def _kind(state) -> str:
@@ -45,6 +59,13 @@ def _kind(state) -> str:
 
 
 def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list:
+    """The blocks' states from the plain tensors `flatten_states` gave, for `forward_step`.
+
+    Args:
+        model: the TextTransformer the states belong to; its attention says which kind of state.
+        position: the number of tokens seen, a 0-d int64 tensor (ElitaState keeps it).
+        tensors: two tensors per block, in block order, as `flatten_states` lists them.
+    """
     a, b = tensors[0::2], tensors[1::2]
     kind = model.config["attention"]
     if kind in KV_CACHED:
@@ -55,7 +76,11 @@ def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tens
 
 
 class Prefill(nn.Module):
-    """ids (batch, length) -> logits (batch, length, vocab), position, *state."""
+    """ids (batch, length) -> logits (batch, length, vocab), position, *state.
+
+    Args:
+        model: the TextTransformer to run from no state.
+    """
 
     def __init__(self, model):
         super().__init__()
@@ -68,7 +93,11 @@ class Prefill(nn.Module):
 
 
 class Step(nn.Module):
-    """ids (batch, new), position, *state -> logits (batch, new, vocab), position + new, *state."""
+    """ids (batch, new), position, *state -> logits (batch, new, vocab), position + new, *state.
+
+    Args:
+        model: the TextTransformer to continue from a flattened state.
+    """
 
     def __init__(self, model):
         super().__init__()
@@ -81,7 +110,16 @@ class Step(nn.Module):
 
 
 def example_inputs(model, batch: int = 2, length: int = 8) -> tuple[tuple, tuple]:
-    """Inputs of prefill and step (a one-token step after `length` tokens) to trace them with."""
+    """Inputs of prefill and step (a one-token step after `length` tokens) to trace them with.
+
+    Args:
+        model: the TextTransformer to trace.
+        batch: the example batch size, an int >= 1 (default 2).
+        length: the example prompt's length in tokens, an int >= 1 (default 8).
+
+    Returns:
+        (prefill's arguments, step's arguments), each a tuple.
+    """
     ids = torch.randint(0, model.vocab_size, (batch, length))
     with torch.no_grad():
         _, position, *state = Prefill(model)(ids)
@@ -89,7 +127,12 @@ def example_inputs(model, batch: int = 2, length: int = 8) -> tuple[tuple, tuple
 
 
 def dynamic_shapes(model, prefill: bool):
-    """torch.export's dynamic dimensions: batch and length, and the KV cache's length in a step."""
+    """torch.export's dynamic dimensions: batch and length, and the KV cache's length in a step.
+
+    Args:
+        model: the TextTransformer to export.
+        prefill: True for Prefill's inputs, False for Step's.
+    """
     from torch.export import Dim
 
     batch = Dim("batch", min=1, max=4096)
@@ -99,7 +142,7 @@ def dynamic_shapes(model, prefill: bool):
     length = Dim("length", min=1, max=model.context_length if learned else BLOCK)
     if prefill:
         return ({0: batch, 1: length},)
-    cached = Dim("cached", min=1, max=model.context_length - 1 if learned else 1 << 20)
+    cached = Dim("cached", min=1, max=model.context_length if learned else 1 << 20)  # quiet: 1 + tokens seen
     per_block = {"softmax": ({0: batch, 2: cached}, {0: batch, 2: cached}),
                  "micro": ({0: batch}, {0: batch}), "elita": ({0: batch}, {0: batch})}
     kind = "softmax" if model.config["attention"] in KV_CACHED else model.config["attention"]
@@ -112,6 +155,13 @@ def export(model, eager_routes: bool = False) -> tuple[torch.export.ExportedProg
     eager_routes=True traces the eager routes instead of zoo's kernels (zoo::micro_scan, ...), for
     backends that know only PyTorch's operators; AOTInductor (torch._inductor.aoti_compile_and_package)
     takes either, and bench/deploy.py times it.
+
+    Args:
+        model: the TextTransformer to export, in eval mode.
+        eager_routes: trace PyTorch's own operators instead of zoo's compiled kernels (default False).
+
+    Returns:
+        The (prefill, step) programs.
     """
     import contextlib
 
@@ -127,7 +177,18 @@ def export(model, eager_routes: bool = False) -> tuple[torch.export.ExportedProg
 def greedy(prefill: Callable, step: Callable, ids: torch.Tensor, max_new_tokens: int,
            window: int | None = None) -> torch.Tensor:
     """Greedy decoding with two tensor programs, token for token what `generate(temperature=0)` does:
-    past `window` tokens (learned positions), the last `window` are run through prefill again."""
+    past `window` tokens (learned positions), the last `window` are run through prefill again.
+
+    Args:
+        prefill: a callable ids -> (logits, position, *state), e.g. an exported Prefill or an ONNX session's.
+        step: a callable (ids, position, *state) -> (logits, position, *state), e.g. an exported Step.
+        ids: the prompt, token ids (batch, length).
+        max_new_tokens: how many tokens to add, an int in [0, 1000000].
+        window: the model's context_length where its positions are learned, else None (default): no window.
+
+    Returns:
+        The prompt and its continuation, ids (batch, length + max_new_tokens).
+    """
     from zoo.models.arguments import integer
     from zoo.models.text_transformer import MAX_NEW_TOKENS
 

@@ -22,15 +22,104 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FusedAttention
-from zoo.models.arguments import classifier_arguments, integer, transformer_sizes
+from zoo.attention.fused import FUSES, NORMS
+from zoo.models.arguments import classifier_arguments, flag, integer, transformer_sizes
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
-from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding
+from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
 
 
+# The two functions below read input shapes, which symbolic tracing (torch.fx, timm's feature extraction) cannot
+# branch on: wrapped, each is one call in the traced graph and runs on the real tensor. Both return a tensor
+# that the rest of the graph uses, so that dead-code elimination keeps them.
+@torch.fx.wrap
+def _checked_input(x: torch.Tensor, owner: str, expected: tuple[int, ...], collection: bool,
+                   dynamic_patch: tuple[int, ...] | None) -> torch.Tensor:
+    """x, if its shape is (batch, *expected), or with dynamic_patch (batch, C, W1..Wn) for any widths that are
+    multiples of the patch's; else a ValueError naming the shape expected."""
+    if dynamic_patch is not None:
+        n = len(dynamic_patch)
+        if x.dim() == n + 2 and x.shape[1] == expected[0] and all(
+                w > 0 and w % p == 0 for w, p in zip(x.shape[2:], dynamic_patch)):
+            return x
+        raise ValueError(f"{owner} expects input (batch, {expected[0]}, {', '.join(f'W{i + 1}' for i in range(n))}) "
+                         f"with widths that are multiples of the patch size {tuple(dynamic_patch)}, got "
+                         f"{tuple(x.shape)}")
+    if tuple(x.shape[1:]) != expected:
+        names = "(batch, items, channels, widths...)" if collection else "(batch, channels, widths...)"
+        raise ValueError(f"{owner} expects input {names} = (batch, {', '.join(map(str, expected))}), "
+                         f"got {tuple(x.shape)}")
+    return x
+
+
+@torch.fx.wrap
+def _positions_for(pos_embed: torch.Tensor, x: torch.Tensor, patch_size: tuple[int, ...], grid: tuple[int, ...],
+                   learned: bool) -> torch.Tensor:
+    """The position embedding for the patches of input x: learned 2-D positions resampled from `grid` by timm's
+    resample_abs_pos_embed (bicubic, as timm's ViTs do), sin-cos ones computed for the new token count."""
+    size = tuple(w // p for w, p in zip(x.shape[2:], patch_size))
+    if size == tuple(grid):
+        return pos_embed
+    if learned:
+        from timm.layers import resample_abs_pos_embed
+
+        return resample_abs_pos_embed(pos_embed, list(size), list(grid), num_prefix_tokens=0)
+    return sincos_encoding(math.prod(size), pos_embed.shape[-1])[None].to(pos_embed)
+
+
 class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
+    """A classifier of N-dimensional inputs whose tokens FusedAttention pools into one vector.
+
+    The input is one tensor (batch, in_chans, W1, ..., Wn), n >= 1, cut into L = prod(Wi / pi) patches, or
+    with `collection` = L a collection (batch, L, in_chans, W1, ..., Wn), each item one token. Patches are
+    embedded linearly, given positions, mixed by `depth` transformer blocks and pooled by FusedAttention,
+
+        alpha = fuse(norm(K^T Q / sqrt(d))),   y = g_V(V alpha),
+
+    and a linear head gives the logits (batch, num_classes). `attention_map` lays alpha out on the patch grid.
+
+    Args:
+        input_size: the input's widths (W1, ..., Wn) per spatial dimension, a list of ints >= 1, n >= 1
+            (default (40,)); with `collection`, each item's widths.
+        patch_size: the patch's widths (p1, ..., pn), one per input dimension, each dividing the input's
+            (default (4,)); with `collection` each item is one whole patch and this is not used beyond its length.
+        in_chans: the input's channels, an int >= 1 (default 1).
+        num_classes: the number of classes, an int >= 0 (default 10); 0 gives no head, and the model returns
+            the pooled vector.
+        collection: 0 (default) for the one-tensor form; L >= 1 for a collection of L same-sized items.
+        embed_dim: the token width, an int >= 1 divisible by `num_heads` (default 64).
+        depth: the number of transformer blocks before the pooling, an int >= 0 (default 2).
+        num_heads: the attention heads of each block and of the pooling, an int >= 1 (default 4).
+        mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
+            hidden unit (default 2); unused with mlp="ffn2".
+        attention: the blocks' attention, bidirectional: "softmax" (default), "quiet", "clipped", "gated" or
+            "micro" (see zoo.attention).
+        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2).
+        pos_embed: the position encoding of the L tokens: "learned" (default), "sincos" (fixed 1-D sine-cosine,
+            over the tokens in row-major grid order) or "none".
+        norm: the pooling's normalization of each query's scores over the keys: "softmax" (default) or
+            "softmax_one".
+        fuse: the pooling's reduction over the queries: "mean" (default), "max" or "learned".
+        patch_output: g_V maps the pooled vector back to one patch (in_chans * p1 * ... * pn values, or one
+            item's with `collection`) and the head reads that; default False: g_V is the identity.
+        drop_rate: the dropout probability, in [0, 1), on the MLPs, the softmax-family attention weights and
+            before the head (default 0).
+        drop_path_rate: the stochastic depth of the last block, in [0, 1), rising linearly from 0 at the first
+            (default 0).
+        final_norm: apply a LayerNorm to the tokens after the last block (default True).
+        mean: the per-channel mean that `classify` and `preprocess` subtract from inputs: one value per
+            channel, or one for all (default (0.0,)).
+        std: the per-channel standard deviation they divide by, each in [1e-12, 1e12]: one value per channel,
+            or one for all (default (1.0,)).
+        label_names: the classes' names, a list of num_classes strings, shown by `classify`; default None
+            (the class indices as strings).
+        dynamic_img_size: accept inputs of any widths that are multiples of patch_size, the positions resampled
+            from the input_size grid as timm's VisionTransformer does (learned ones on a 2-D grid only; sin-cos
+            ones computed anew); not with `collection`. Default False: input_size only.
+    """
+
     embedding_level = True  # two blocks in the tiny models: the embedded patches are feature level 0
 
     def __init__(
@@ -56,6 +145,7 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
         mean: tuple[float, ...] = (0.0,),
         std: tuple[float, ...] = (1.0,),
         label_names: list[str] | None = None,
+        dynamic_img_size: bool = False,
     ):
         super().__init__()
         owner = type(self).__name__
@@ -78,14 +168,24 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
         if any(w % p for w, p in zip(input_size, patch_size)):
             raise ValueError(f"{owner} needs input_size divisible by patch_size, got {input_size} and {patch_size}")
         check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
+        check_choice(mlp, MLPS, "mlp", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
+        check_choice(norm, tuple(NORMS), "norm", owner)  # names only: the config is JSON
+        check_choice(fuse, FUSES, "fuse", owner)
+        patch_output, final_norm = flag(patch_output, "patch_output", owner), flag(final_norm, "final_norm", owner)
+        dynamic_img_size = flag(dynamic_img_size, "dynamic_img_size", owner)
+        if dynamic_img_size and (collection or (pos_embed == "learned" and len(input_size) != 2)):
+            raise ValueError(f"{owner} dynamic_img_size needs a 2-D input (learned positions are resampled on a 2-D "
+                             f"grid) or sin-cos or no positions, and no collection; got input_size={input_size}, "
+                             f"pos_embed={pos_embed!r}, collection={collection}")
         self.config = dict(
             input_size=list(input_size), patch_size=list(patch_size), in_chans=in_chans, num_classes=num_classes,
             collection=collection, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
             attention=attention, mlp=mlp, pos_embed=pos_embed, norm=norm, fuse=fuse, patch_output=patch_output,
-            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=bool(final_norm), mean=list(mean),
-            std=list(std), label_names=label_names,
+            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=final_norm, mean=list(mean),
+            std=list(std), label_names=label_names, dynamic_img_size=dynamic_img_size,
         )
+        self.dynamic_img_size = dynamic_img_size
         self.input_size, self.patch_size, self.in_chans = input_size, patch_size, in_chans
         self.collection, self.num_classes, self.embed_dim = collection, num_classes, embed_dim
         self.grid = None if collection else tuple(w // p for w, p in zip(input_size, patch_size))
@@ -134,21 +234,23 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
         if self.collection:
             return x.flatten(2)
         split = [b, self.in_chans]
-        for g, p in zip(self.grid, self.patch_size):
-            split += [g, p]
+        for i, p in enumerate(self.patch_size):  # the grid of this input: other sizes with dynamic_img_size
+            split += [x.shape[2 + i] // p, p]
         x = x.reshape(split)
         grid_axes = [2 + 2 * i for i in range(n)]
         window_axes = [3 + 2 * i for i in range(n)]
-        return x.permute(0, *grid_axes, 1, *window_axes).reshape(b, self.num_tokens, -1)
+        return x.permute(0, *grid_axes, 1, *window_axes).flatten(1, n).flatten(2)
 
     def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Input (batch, C, W1..Wn) or a collection (batch, items, C, W1..Wn) -> tokens (batch, L, embed_dim)."""
-        if tuple(x.shape[1:]) != self.expected_shape:
-            names = "(batch, items, channels, widths...)" if self.collection else "(batch, channels, widths...)"
-            raise ValueError(f"{type(self).__name__} expects input {names} = (batch, "
-                             f"{', '.join(map(str, self.expected_shape))}), got {tuple(x.shape)}")
-        x = self.patch_embed(self.patchify(x))
-        return x if self.pos_embed is None else x + self.pos_embed
+        images = _checked_input(x, type(self).__name__, self.expected_shape, bool(self.collection),
+                                self.patch_size if self.dynamic_img_size else None)
+        x = self.patch_embed(self.patchify(images))
+        pos_embed = self.pos_embed
+        if pos_embed is not None and self.dynamic_img_size:
+            pos_embed = _positions_for(pos_embed, images, self.patch_size, self.grid,
+                                       self.config["pos_embed"] == "learned")  # (a traced attribute is a Proxy)
+        return x if pos_embed is None else x + pos_embed
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.run_blocks(self.embed_tokens(x)))
@@ -164,7 +266,10 @@ class FusedAttentionNetwork(TokenBackbone, Classifier, Releasable, nn.Module):
     def attention_map(self, x: torch.Tensor) -> torch.Tensor:
         """alpha laid out on the patch grid: (B, heads, g1, ..., gn), or (B, heads, items)."""
         _, alpha = self.pooled(x, return_alpha=True)
-        return alpha if self.collection else alpha.view(alpha.shape[0], alpha.shape[1], *self.grid)
+        if self.collection:
+            return alpha
+        grid = [w // p for w, p in zip(x.shape[2:], self.patch_size)]  # this input's, with dynamic_img_size
+        return alpha.view(alpha.shape[0], alpha.shape[1], *grid)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens from forward_features -> the pooled vector (flattened; pre_logits) or the logits."""

@@ -12,17 +12,97 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FusedAttention
-from zoo.models.arguments import classifier_arguments, integer, transformer_sizes
+from zoo.models.arguments import classifier_arguments, flag, integer, transformer_sizes
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
-from zoo.models.layers import POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
+from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
 from zoo.registry import register
 from zoo.release import Releasable
 
 POOLS = ("token", "avg", "fused")
 
 
+# The two functions below read input shapes, which symbolic tracing (torch.fx, timm's feature extraction) cannot
+# branch on: wrapped, each is one call in the traced graph and runs on the real tensor. Both return a tensor
+# that the rest of the graph uses, so that dead-code elimination keeps them.
+@torch.fx.wrap
+def _checked_images(x: torch.Tensor, owner: str, in_chans: int, img_size: int, patch: int,
+                    dynamic: bool) -> torch.Tensor:
+    """x, if it is a batch of images the model takes; else a ValueError naming the expected shape."""
+    if dynamic:
+        fits = x.dim() == 4 and x.shape[1] == in_chans and x.shape[2] % patch == 0 and x.shape[3] % patch == 0 \
+            and min(x.shape[2:]) > 0
+        expected = f"(batch, {in_chans}, H, W) with H and W multiples of the patch size {patch}"
+    else:
+        fits = x.dim() == 4 and tuple(x.shape[1:]) == (in_chans, img_size, img_size)
+        expected = f"(batch, {in_chans}, {img_size}, {img_size})"
+    if not fits:
+        raise ValueError(f"{owner} expects images of shape {expected}, got {tuple(x.shape)}")
+    return x
+
+
+@torch.fx.wrap
+def _positions_for(pos_embed: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int,
+                   learned: bool) -> torch.Tensor:
+    """The position embedding for the grid of `patches` (batch, dim, h, w): learned positions resampled from
+    `grid` by timm's resample_abs_pos_embed (bicubic, prefix tokens kept), sin-cos ones computed anew."""
+    size = tuple(patches.shape[2:])
+    if size == tuple(grid):
+        return pos_embed
+    if learned:
+        from timm.layers import resample_abs_pos_embed
+
+        return resample_abs_pos_embed(pos_embed, list(size), list(grid), num_prefix_tokens)
+    table = sincos_encoding_2d(*size, pos_embed.shape[-1]).to(pos_embed)
+    return torch.cat([pos_embed[0, :num_prefix_tokens], table])[None]
+
+
 class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
+    """A ViT-style image classifier whose attention is chosen by name, with timm's model API.
+
+    Images (batch, in_chans, img_size, img_size) are cut into (img_size / patch_size)^2 patches by a
+    convolution (kernel = stride = patch_size), given positions, passed through `depth` pre-norm transformer
+    blocks and pooled into logits (batch, num_classes). `forward_features` gives the tokens
+    (batch, prefix + patches, embed_dim), `forward_head` the logits, `classify` (label, probability) pairs
+    from PIL images, arrays or tensors, normalized with `mean` and `std`.
+
+    Args:
+        img_size: the images' height and width in pixels, an int >= 1 divisible by `patch_size` (default 28).
+        patch_size: the patches' side in pixels, an int >= 1 (default 4: 49 patches of a 28 x 28 image).
+        in_chans: the images' channels, an int >= 1 (default 1, grayscale).
+        num_classes: the number of classes, an int >= 0 (default 10); 0 gives no head, and the model returns
+            its pooled features (batch, embed_dim).
+        embed_dim: the token width, an int >= 1 divisible by `num_heads` (and by 4 with pos_embed="sincos");
+            default 128.
+        depth: the number of transformer blocks, an int >= 0 (default 6).
+        num_heads: the attention heads per block, an int >= 1 (default 4).
+        mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
+            hidden unit (default 4); unused with mlp="ffn2".
+        attention: the blocks' attention, bidirectional: "softmax" (default), "quiet", "clipped", "gated" or
+            "micro" (see zoo.attention).
+        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2).
+        pos_embed: the position encoding added to the tokens: "learned" (default), "sincos" (fixed 2-D sine-
+            cosine) or "none".
+        learned_bias: give each block's attention a learned (query, key) bias per head (sciformer.md's trainable
+            mask); only for the softmax, quiet, clipped and gated attentions, and not with dynamic_img_size.
+            Default False.
+        global_pool: how the tokens become one vector: "token" (default; a class token), "avg" (their mean) or
+            "fused" (a FusedAttention pooling).
+        drop_rate: the dropout probability, in [0, 1), on the MLPs, the softmax-family attention weights and
+            before the head (default 0).
+        drop_path_rate: the stochastic depth of the last block, in [0, 1), rising linearly from 0 at the first
+            (default 0).
+        final_norm: apply a LayerNorm to the tokens after the last block (default True).
+        mean: the per-channel mean that `classify` and `preprocess` subtract from inputs in [0, 1]: one value
+            per channel, or one for all (default (0.5,)).
+        std: the per-channel standard deviation they divide by, each in [1e-12, 1e12]: one value per channel,
+            or one for all (default (0.5,)).
+        label_names: the classes' names, a list of num_classes strings, shown by `classify`; default None
+            (the class indices as strings).
+        dynamic_img_size: accept any height and width that are multiples of patch_size, resampling the
+            positions from the img_size grid as timm's VisionTransformer does (default False: img_size only).
+    """
+
     def __init__(
         self,
         img_size: int = 28,
@@ -44,6 +124,7 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         mean: tuple[float, ...] = (0.5,),
         std: tuple[float, ...] = (0.5,),
         label_names: list[str] | None = None,
+        dynamic_img_size: bool = False,
     ):
         super().__init__()
         owner = type(self).__name__
@@ -54,18 +135,27 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         drop_path_rate, mean, std, label_names = classifier_arguments(
             owner, in_chans, num_classes, drop_path_rate, mean, std, label_names)
         check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
+        check_choice(mlp, MLPS, "mlp", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)
+        learned_bias, final_norm = flag(learned_bias, "learned_bias", owner), flag(final_norm, "final_norm", owner)
+        dynamic_img_size = flag(dynamic_img_size, "dynamic_img_size", owner)
         if img_size % patch_size:
-            raise ValueError(f"{owner} needs img_size divisible by patch_size, got {img_size} and {patch_size}")
+            below, above = img_size - img_size % patch_size, img_size - img_size % patch_size + patch_size
+            raise ValueError(f"{owner} needs img_size divisible by patch_size, got {img_size} and {patch_size} "
+                             f"(the nearest are {' and '.join(str(n) for n in (below, above) if n)})")
+        if dynamic_img_size and learned_bias:  # the bias covers (max_len, max_len) token pairs of one size
+            raise ValueError(f"{owner} dynamic_img_size needs learned_bias=False: the learned attention bias "
+                             "covers the tokens of one image size")
         self.config = dict(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention,
             mlp=mlp, pos_embed=pos_embed, learned_bias=learned_bias, global_pool=global_pool,
-            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=bool(final_norm), mean=list(mean),
-            std=list(std), label_names=label_names,
+            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=final_norm, mean=list(mean),
+            std=list(std), label_names=label_names, dynamic_img_size=dynamic_img_size,
         )
         self.img_size, self.in_chans, self.global_pool = img_size, in_chans, global_pool
+        self.dynamic_img_size = dynamic_img_size
         self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
         grid = img_size // patch_size
         self.grid, self.patch_size = (grid, grid), (patch_size, patch_size)
@@ -108,16 +198,22 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
             raise ValueError(f"global_pool is fixed at build time ({self.global_pool!r}), got {global_pool!r}")
 
     def embed_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (batch, C, H, W) -> tokens with their positions (batch, prefix + patches, embed_dim)."""
-        expected = (self.in_chans, self.img_size, self.img_size)
-        if x.dim() != 4 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"{type(self).__name__} expects images of shape (batch, {', '.join(map(str, expected))}),"
-                             f" got {tuple(x.shape)}")
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        """Images (batch, C, H, W) -> tokens with their positions (batch, prefix + patches, embed_dim).
+
+        H and W are img_size, or with dynamic_img_size any multiples of the patch size, whose
+        positions are resampled from the model's grid (as timm's VisionTransformer does)."""
+        x = _checked_images(x, type(self).__name__, self.in_chans, self.img_size, self.patch_size[0],
+                            self.dynamic_img_size)
+        x = self.patch_embed(x)
+        pos_embed = self.pos_embed
+        if pos_embed is not None and self.dynamic_img_size:
+            pos_embed = _positions_for(pos_embed, x, self.grid, self.num_prefix_tokens,
+                                       self.config["pos_embed"] == "learned")  # (a traced attribute is a Proxy)
+        x = x.flatten(2).transpose(1, 2)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed
+        if pos_embed is not None:
+            x = x + pos_embed
         return x
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FeedForward2, build
+from zoo.attention.checks import shown
 
 MLPS = ("mlp", "ffn2")
 POSITIONS = ("learned", "sincos", "none")
@@ -16,12 +18,13 @@ POSITIONS = ("learned", "sincos", "none")
 
 def sincos_encoding(length: int, dim: int, start: int | torch.Tensor = 0) -> torch.Tensor:
     """The fixed sine-cosine position encoding of "Attention Is All You Need" at positions start..start +
-    length - 1, (length, dim)."""
-    position = (torch.arange(length, dtype=torch.float64) + start)[:, None]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    length - 1, (length, dim); a start per row, (batch, 1), gives (batch, length, dim), on its device."""
+    device = start.device if isinstance(start, torch.Tensor) else None
+    position = (torch.arange(length, dtype=torch.float64, device=device) + start)[..., None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / dim))
+    table = torch.zeros(*position.shape[:-1], dim, dtype=torch.float64, device=device)
+    table[..., 0::2] = torch.sin(position * freq)
+    table[..., 1::2] = torch.cos(position * freq[: dim // 2])
     return table.float()
 
 
@@ -34,12 +37,21 @@ def sincos_encoding_2d(height: int, width: int, dim: int) -> torch.Tensor:
     return torch.cat([rows, cols], dim=-1).reshape(height * width, dim)
 
 
+def is_int_or_ints(value) -> bool:
+    def integer(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    return integer(value) or (isinstance(value, (list, tuple)) and all(map(integer, value)))
+
+
 def take_indices(count: int, indices: int | Sequence[int] | None, owner: str) -> tuple[list[int], int]:
     """Which of `count` blocks `forward_intermediates` returns, by timm's convention: None for all, an int n
     for the last n, a sequence for those blocks (negative ones counted from the end); and the last of them."""
     if indices is None:
         indices = count
-    if isinstance(indices, int):
+    if not is_int_or_ints(indices):  # 0.5, "1" and True would pick blocks silently, or fail deep inside
+        raise TypeError(f"{owner} indices must be an int or a sequence of ints, got {indices!r}")
+    if isinstance(indices, numbers.Integral):
         if not 0 < indices <= count:
             raise ValueError(f"{owner} has {count} blocks; indices={indices} asks for the last {indices}")
         take = list(range(count - indices, count))
@@ -58,8 +70,8 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
 
 
 def check_choice(value, choices, what: str, owner: str):
-    if value not in choices:
-        raise ValueError(f"{owner} {what} must be one of {list(choices)}, got {value!r}")
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{owner} {what} must be one of {list(choices)}, got {shown(value)}")
     return value
 
 
@@ -111,7 +123,7 @@ class Block(nn.Module):
         x = self.after_attn(x + self.drop_path(self.attn(self.norm1(x), key_padding_mask=key_padding_mask)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
-    def step(self, x: torch.Tensor, state=None):
-        y, state = self.attn.step(self.norm1(x), state)
+    def step(self, x: torch.Tensor, state=None, key_padding_mask: torch.Tensor | None = None):
+        y, state = self.attn.step(self.norm1(x), state, key_padding_mask=key_padding_mask)
         x = self.after_attn(x + y)
         return x + self.mlp(self.norm2(x)), state

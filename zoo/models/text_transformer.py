@@ -11,16 +11,47 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import KV_CACHED
-from zoo.models.arguments import integer, number, transformer_sizes
-from zoo.models.layers import POSITIONS, Block, check_choice, sincos_encoding
+from zoo.attention.checks import check_data, check_padding_mask, shown
+from zoo.models.arguments import flag, integer, number, transformer_sizes
+from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, sincos_encoding
 from zoo.registry import register
 from zoo.release import Releasable
 from zoo.tokenizer import tokenizer_from_dict
 
 
 class TextTransformer(Releasable, nn.Module):
+    """A decoder-only language model whose attention is chosen by name.
+
+    Token ids (batch, length) are embedded, given positions, passed through `depth` causal pre-norm blocks
+    and a final LayerNorm, and read out by an output layer tied to the token embedding: `forward` gives the
+    next-token logits (batch, length, vocab_size). `generate` samples continuations, decoding with each
+    block's recurrent state (a KV cache for the softmax family, a constant-size state for micro and elita).
+
+    Args:
+        vocab_size: the number of token ids, an int >= 1 (default 65, Shakespeare's characters); must equal
+            the tokenizer's.
+        context_length: the longest sequence, an int >= 1 (default 256): with pos_embed="learned" the number
+            of learned positions (`generate` then slides a window of this many tokens); n in ELiTA's
+            positions with attention="elita"; otherwise no limit.
+        embed_dim: the token width, an int >= 1 divisible by `num_heads` (default 128).
+        depth: the number of transformer blocks, an int >= 0 (default 4).
+        num_heads: the attention heads per block, an int >= 1 (default 4).
+        mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
+            hidden unit (default 4); unused with mlp="ffn2".
+        attention: the blocks' causal attention: "softmax" (default), "quiet", "clipped", "gated", "micro" or
+            "elita" (see zoo.attention).
+        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2).
+        pos_embed: the position encoding: "learned" (default), "sincos" (fixed sine-cosine, any length) or
+            "none" (micro and elita carry order in their running sums).
+        drop_rate: the dropout probability, in [0, 1), on the embeddings, the MLPs and the softmax-family
+            attention weights (default 0).
+        tokenizer: the tokenizer as its `to_dict()`, carried in the config so that `generate` takes and returns
+            text; default None (token ids only).
+    """
+
     def __init__(
         self,
         vocab_size: int = 65,
@@ -44,6 +75,7 @@ class TextTransformer(Releasable, nn.Module):
         if tokenizer is not None and not isinstance(tokenizer, dict):
             raise TypeError(f"{owner} tokenizer must be a dict (a tokenizer's to_dict()) or None, got {tokenizer!r}")
         check_choice(attention, (*KV_CACHED, "micro", "elita"), "attention", owner)
+        check_choice(mlp, MLPS, "mlp", owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         self.tokenizer = tokenizer_from_dict(tokenizer) if tokenizer else None
         if self.tokenizer is not None and self.tokenizer.vocab_size != vocab_size:
@@ -73,99 +105,278 @@ class TextTransformer(Releasable, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "tok_embed.weight"}
 
-    def _embed(self, idx: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
-        """Token and position embeddings of idx (batch, length) at positions start, start + 1, ...; `start`
-        may be a 0-d integer tensor, as in the exported decoding step (zoo/models/decoding.py)."""
-        if idx.dim() != 2 or idx.is_floating_point():
-            raise ValueError(f"{type(self).__name__} expects integer token ids of shape (batch, length), "
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (timm's switch)."""
+        self.grad_checkpointing = flag(enable, "set_grad_checkpointing enable", type(self).__name__)
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups: the embeddings (tied to the output layer), each block, the final norm."""
+        return {"stem": r"^tok_embed|^pos_embed",
+                "blocks": r"^blocks\.(\d+)" if coarse else [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
+    def _embed(self, idx: torch.Tensor, start: int | torch.Tensor,
+               key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Token and position embeddings of idx (batch, length) at positions start, start + 1, ...; `start` is an
+        int, a 0-d integer tensor (the exported decoding step, zoo/models/decoding.py) or one per row (batch, 1).
+        With key_padding_mask, positions count from each row's first real token (the padding before it, never
+        attended, gets position 0)."""
+        owner = type(self).__name__
+        if idx.dim() != 2 or idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise ValueError(f"{owner} expects integer token ids of shape (batch, length), "
                              f"got {tuple(idx.shape)} {idx.dtype}")
+        if key_padding_mask is not None:
+            start = start - key_padding_mask.long().argmax(1, keepdim=True)  # (batch, 1)
         stop = start + idx.shape[1]
-        if torch.compiler.is_compiling():  # a compiled or exported graph checks the ids when it runs
+        # The values can be read only on the host: elsewhere (CUDA, a compiled graph) they are checked where the
+        # kernels run, so that neither a forward pass nor a decoding step waits for the device.
+        on_host = idx.device.type == "cpu" and not torch.compiler.is_compiling()
+        if on_host and idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+            raise ValueError(f"{owner} token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
+        if not on_host:
             torch._assert_async(((idx >= 0) & (idx < self.vocab_size)).all(),
                                 f"token ids must lie in [0, {self.vocab_size})")
-            if self.pos_kind == "learned":
-                message = f"{type(self).__name__} has learned positions for {self.context_length} tokens"
-                if isinstance(stop, torch.Tensor):
-                    torch._assert_async(stop <= self.context_length, message)
-                else:  # a symbolic length
+        if self.pos_kind == "learned":
+            message = f"{owner} has learned positions for {self.context_length} tokens"
+            if not isinstance(stop, torch.Tensor):
+                if torch.compiler.is_compiling():  # a symbolic length
                     torch._check(stop <= self.context_length, lambda: message)
-        else:
-            if self.pos_kind == "learned" and stop > self.context_length:
-                raise ValueError(f"{type(self).__name__} has learned positions for {self.context_length} tokens, "
-                                 f"got {int(stop)}")
-            if idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
-                raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got [{idx.min()}, {idx.max()}]")
+                elif stop > self.context_length:
+                    raise ValueError(f"{message}, got {stop}")
+            elif on_host:
+                if int(stop.max()) > self.context_length:
+                    raise ValueError(f"{message}, got {int(stop.max())}")
+            else:
+                torch._assert_async((stop <= self.context_length).all(), message)
         x = self.tok_embed(idx)
         if self.pos_kind == "learned":
             x = x + (self.pos_embed[start:stop] if isinstance(start, int) else
-                     self.pos_embed[torch.arange(idx.shape[1], device=idx.device) + start])
+                     self.pos_embed[(torch.arange(idx.shape[1], device=idx.device) + start).clamp(min=0)])
         elif self.pos_kind == "sincos":
             x = x + sincos_encoding(idx.shape[1], x.shape[-1], start).to(x)
         return self.drop(x)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Next-token logits (batch, length, vocab) for token ids (batch, length)."""
-        x = self._embed(idx, 0)
+    def forward(self, idx: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits (batch, length, vocab) for token ids (batch, length).
+
+        Args:
+            idx: token ids, (batch, length), each in [0, vocab_size) (padding too).
+            key_padding_mask: (batch, length) bool, True for real tokens (zoo's convention); padding is never
+                attended, and positions count from each row's first real token, so a left-padded row gives the
+                logits it gives alone. Default None: every token is real.
+        """
+        mask = check_padding_mask(key_padding_mask, idx, type(self).__name__)
+        x = self._embed(idx, 0, mask)
         for block in self.blocks:
-            x = block(x)
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, key_padding_mask=mask)
         return self.head(self.norm(x))
 
-    def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int | torch.Tensor = 0):
-        """Logits for new tokens given every block's state; returns (logits, states)."""
+    def forward_step(self, idx: torch.Tensor, states: list | None = None, start: int | torch.Tensor = 0,
+                     key_padding_mask: torch.Tensor | None = None):
+        """Logits for new tokens given every block's state; returns (logits, states).
+
+        Args:
+            idx: the new token ids, (batch, new).
+            states: the list of block states the previous call returned, or None (default) to start.
+            start: the position of idx's first token: an int >= 0, a 0-d integer tensor (an exported decoding
+                step) or one per row, (batch, 1) (left-padded prompts); default 0.
+            key_padding_mask: (batch, new) bool, True for real tokens: the left padding of prompts of different
+                lengths, given with states=None; the states remember it. Positions then count from each row's
+                first real token. Default None: all real.
+
+        Returns:
+            (tuple[torch.Tensor, list]): the logits (batch, new, vocab_size), and the blocks' states after the
+                new tokens.
+        """
+        owner = type(self).__name__
         if states is not None and (not isinstance(states, (list, tuple)) or len(states) != len(self.blocks)):
             got = f"{len(states)} states" if isinstance(states, (list, tuple)) else type(states).__name__
-            raise ValueError(f"{type(self).__name__}.forward_step expects None or the list of {len(self.blocks)} "
+            raise ValueError(f"{owner}.forward_step expects None or the list of {len(self.blocks)} "
                              f"block states it returned, got {got}")
-        if not isinstance(start, torch.Tensor):  # a tensor position is the exported step's (decoding.py)
-            integer(start, "forward_step start", type(self).__name__, 0)
-        x = self._embed(idx, start)
+        if not isinstance(start, torch.Tensor):
+            integer(start, "forward_step start", owner, 0)
+        elif start.shape not in ((), (idx.shape[0], 1)) or start.is_floating_point() or start.is_complex() \
+                or start.dtype == torch.bool:
+            raise ValueError(f"{owner}.forward_step start must be an int, a 0-d integer tensor or one per row "
+                             f"({idx.shape[0]}, 1), got {tuple(start.shape)} {start.dtype}")
+        mask = check_padding_mask(key_padding_mask, idx, owner)
+        x = self._embed(idx, start, mask if states is None else None)
         states = states or [None] * len(self.blocks)
         new_states = []
         for block, state in zip(self.blocks, states):
-            x, state = block.step(x, state)
+            x, state = block.step(x, state, key_padding_mask=mask)
             new_states.append(state)
         return self.head(self.norm(x)), new_states
 
     @torch.no_grad()
     def generate(
         self,
-        tokens: torch.Tensor | list[int] | str,
+        tokens: torch.Tensor | list[int] | str | list[str] | list[list[int]],
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
-    ) -> torch.Tensor | str:
-        """Sample continuations. A string prompt (with a tokenizer) returns a string; ids return ids."""
+        stop: int | str | list[int | str] | None = None,
+    ) -> torch.Tensor | str | list:
+        """Sample continuations of one prompt or of a batch of them.
+
+        Args:
+            tokens: the prompt: a string (needs the model's tokenizer), a list of token ids or an integer tensor,
+                (length,) or (batch, length); or a batch of prompts of any lengths: a list of strings or a list
+                of id lists. At least one token each, each id in [0, vocab_size). Prompts of different lengths
+                are padded on the left and masked: each gives the tokens it gives alone (greedy).
+            max_new_tokens: how many tokens to add at most, an int in [0, 1000000].
+            temperature: the logits' divisor, a finite number >= 0 (default 1); 0 is greedy decoding.
+            top_k: sample only from the k most likely tokens, an int >= 1; default None: all.
+            top_p: nucleus sampling: only from the most likely tokens that together cover probability top_p,
+                in (0, 1]; default None: all.
+            seed: the random generator's seed, an int in [0, 2^64 - 1], for a repeatable sample; default None:
+                torch's global generator.
+            stop: a token id, a string (needs the tokenizer), or a list of them. A sequence ends at its first
+                stop, which it keeps: the result ends with the stop token, or the text with the stop string
+                (looked for in the generated text only). The others go on; decoding ends when all have stopped.
+                Checking for stops reads each new token on the host; without stops nothing is read until the end.
+
+        Returns:
+            Each prompt and its continuation, in the prompt's form: a string for a string, a list for a list of
+            prompts (of strings, or of id lists), else ids (batch, length + new), where a row that stopped
+            before the others is filled with -1 after its stop.
+        """
         check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
-        as_text = isinstance(tokens, str)
-        if as_text:
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a model with a tokenizer; pass token ids instead")
-            tokens = self.tokenizer.encode(tokens)
-        idx = torch.as_tensor(tokens, dtype=torch.long, device=self.head.weight.device)
-        if idx.dim() == 1:
-            idx = idx[None]
-        if idx.shape[1] == 0:
-            raise ValueError("generate needs a prompt of at least one token")
+        stop_ids, stop_texts = self._stops(stop)
+        prompts, kind = self._prompts(tokens)
+        if kind == "tensor":
+            idx, mask = prompts, None
+        else:
+            longest = max(len(p) for p in prompts)
+            idx = torch.zeros(len(prompts), longest, dtype=torch.long)
+            mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+            for row, prompt in enumerate(prompts):  # left padding: every row's next token goes in the last column
+                idx[row, longest - len(prompt):], mask[row, longest - len(prompt):] = torch.tensor(prompt), True
+            device = self.head.weight.device
+            idx, mask = idx.to(device), (None if bool(mask.all()) else mask.to(device))
         generator = torch.Generator(device=idx.device).manual_seed(seed) if seed is not None else None
         # Learned positions end at context_length: past it, the window slides and the last
         # context_length tokens are recomputed each step (as nanoGPT does); the others stream on.
         window = self.context_length if self.pos_kind == "learned" else None
-        logits, states = self.forward_step(idx[:, -window:] if window else idx)
+        prefill = slice(-window, None) if window else slice(None)
+        logits, states = self.forward_step(idx[:, prefill], key_padding_mask=None if mask is None else mask[:, prefill])
         logits, out = logits[:, -1], [idx]
-        position = min(idx.shape[1], window or idx.shape[1])
+        if not bool(torch.isfinite(logits).all()):  # once, before the loop: sampling NaN fails or picks blindly
+            raise ValueError(f"{type(self).__name__} produced non-finite logits (inf or NaN) for the prompt: "
+                             "its weights are likely too large (a diverged or damaged model)")
+        column = min(idx.shape[1], window or idx.shape[1])  # tokens the states hold, padding included
+        first = None if mask is None else mask[:, prefill].long().argmax(1, keepdim=True)  # each row's first real
+        generated, ends = [[] for _ in range(idx.shape[0])], [None] * idx.shape[0]
         for _ in range(max_new_tokens):
             nxt = sample(logits, temperature, top_k, top_p, generator)
             out.append(nxt)
-            if window and position >= window:
-                logits, states = self.forward_step(torch.cat(out, dim=1)[:, -window:])
+            if stop_ids or stop_texts:
+                self._note_stops(nxt[:, 0].tolist(), generated, ends, stop_ids, stop_texts)
+                if all(end is not None for end in ends):
+                    break
+            if window and column >= window:
+                recent = torch.cat(out, dim=1)[:, -window:]
+                recent_mask = None if mask is None else F.pad(mask, (0, len(out) - 1), value=True)[:, -window:]
+                logits, states = self.forward_step(recent, key_padding_mask=recent_mask)
             else:
-                logits, states = self.forward_step(nxt, states, position)
-                position += 1
+                logits, states = self.forward_step(nxt, states, column if first is None else column - first)
+                column += 1
             logits = logits[:, -1]
-        result = torch.cat(out, dim=1)
-        return self.tokenizer.decode(result[0].tolist()) if as_text else result
+        return self._results(kind, prompts, torch.cat(out, dim=1), idx.shape[1], ends, stop_texts)
+
+    def _stops(self, stop) -> tuple[set[int], list[str]]:
+        """`stop` as token ids and strings, each checked: ids in [0, vocab_size), strings non-empty."""
+        owner = f"{type(self).__name__}.generate"
+        items = [] if stop is None else list(stop) if isinstance(stop, (list, tuple, set)) else [stop]
+        ids, texts = set(), []
+        for item in items:
+            if isinstance(item, str) and item:
+                if self.tokenizer is None:
+                    raise ValueError(f"{owner} stop strings need a model with a tokenizer; pass token ids instead, "
+                                     f"got {shown(item)}")
+                texts.append(item)
+            else:
+                ids.add(integer(item, "stop (a token id or a non-empty string)", owner, 0, self.vocab_size - 1))
+        return ids, texts
+
+    def _note_stops(self, tokens: list[int], generated: list[list[int]], ends: list, stop_ids: set[int],
+                    stop_texts: list[str]) -> None:
+        """Record each unstopped row's new token, and where it stops (the count of its tokens, the stop included)."""
+        for row, token in enumerate(tokens):
+            if ends[row] is None:
+                generated[row].append(token)
+                if token in stop_ids or (stop_texts and any(s in self.tokenizer.decode(generated[row])
+                                                            for s in stop_texts)):
+                    ends[row] = len(generated[row])
+
+    def _results(self, kind: str, prompts, result: torch.Tensor, width: int, ends: list, stop_texts: list[str]):
+        """The prompts with their continuations, each cut after its stop, in the prompts' form."""
+        if kind == "tensor":
+            for row, end in enumerate(ends):
+                if end is not None:
+                    result[row, width + end:] = -1
+            return result
+        rows = []
+        for row, prompt in enumerate(prompts):
+            new = result[row, width:width + (ends[row] or result.shape[1])].tolist()
+            if kind == "lists":
+                rows.append(prompt + new)
+                continue
+            text = self.tokenizer.decode(prompt + new)
+            if ends[row] is not None and stop_texts:  # the stop string may end inside the last token
+                generated = self.tokenizer.decode(new)
+                cut = min((generated.find(s) + len(s) for s in stop_texts if s in generated), default=len(generated))
+                text = self.tokenizer.decode(prompt) + generated[:cut]
+            rows.append(text)
+        return rows[0] if kind == "text" else rows
+
+    def _prompts(self, tokens) -> tuple[list[list[int]] | torch.Tensor, str]:
+        """The prompts, as id lists, and their kind: "text", "texts", "lists", or a (batch, length) tensor."""
+        owner = f"{type(self).__name__}.generate"
+        texts = isinstance(tokens, str) or (
+            isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, str) for t in tokens))
+        if texts:
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a model with a tokenizer; pass token ids instead")
+            many = not isinstance(tokens, str)
+            prompts = [self._prompt(self.tokenizer.encode(t))[0].tolist() for t in (tokens if many else [tokens])]
+            return prompts, "texts" if many else "text"
+        if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, (list, tuple)) for t in tokens):
+            return [self._prompt(t, f"prompt {i}")[0].tolist() for i, t in enumerate(tokens)], "lists"
+        if isinstance(tokens, (list, tuple)) and any(isinstance(t, (str, list, tuple)) for t in tokens):
+            raise TypeError(f"{owner} takes a string, a list of token ids or an integer tensor, or a list of "
+                            f"prompts all strings or all id lists, got {shown(tokens)}")
+        return self._prompt(tokens), "tensor"
+
+    def _prompt(self, tokens, what: str = "a prompt") -> torch.Tensor:
+        """Token ids (a list or an integer tensor) as a (batch, length) int64 tensor on the model's device;
+        never rounded (1.5 is refused, not read as 1). Their range is checked where they are embedded."""
+        owner = f"{type(self).__name__}.generate"
+        if torch.is_tensor(tokens):
+            idx = check_data(tokens, what, owner)
+        else:
+            try:
+                idx = torch.as_tensor(tokens)
+            except (TypeError, ValueError, RuntimeError) as e:  # strings, integers beyond int64
+                raise TypeError(f"{owner} takes a string, a list of token ids or an integer tensor, got "
+                                f"{shown(tokens)}: {str(e).splitlines()[0]}") from None
+        if idx.dim() not in (1, 2):
+            raise ValueError(f"{owner} takes token ids of shape (length,) or (batch, length), got {tuple(idx.shape)}")
+        idx = idx if idx.dim() == 2 else idx[None]
+        if 0 in idx.shape:
+            raise ValueError(f"{owner} needs {what} of at least one token, got shape {tuple(idx.shape)}")
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise TypeError(f"{owner} token ids must be integers, got {idx.dtype}")
+        if idx.device.type == "cpu" and idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+            raise ValueError(f"{owner} token ids must lie in [0, {self.vocab_size}), got "
+                             f"[{int(idx.min())}, {int(idx.max())}] in {what}")
+        return idx.to(device=self.head.weight.device, dtype=torch.long)
 
 
 MAX_NEW_TOKENS = 1_000_000

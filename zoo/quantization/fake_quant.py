@@ -93,6 +93,7 @@ class W8A8(nn.Module):
     def __init__(self, model: nn.Module, keep_float: Iterable[str] = ("head",), momentum: float = MOMENTUM):
         super().__init__()
         self.model = copy.deepcopy(model).float().eval()
+        self.calibrated = False  # until calibrate has estimated every range, quantized results would be float ones
         floats = _float_heads(self.model, keep_float)
         self.quantizers: dict[str, ActivationQuantizer] = {}
         with torch.no_grad():
@@ -122,13 +123,21 @@ class W8A8(nn.Module):
         """Estimate every activation range over the first `steps` batches (inputs, or (inputs, labels) pairs)."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"calibration steps must be an integer >= 1, got {steps!r}")
+        if isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
+            raise TypeError(f"W8A8.calibrate takes an iterable of input batches (tensors, or (inputs, labels) pairs), "
+                            f"got {type(batches).__name__}")
+        self.calibrated = False
         for q in self.quantizers.values():
             q.estimating, q.low, q.high = True, None, None
         seen = 0
         for batch in batches:
             if seen == steps:
                 break
-            self.model(batch[0] if isinstance(batch, (tuple, list)) else batch)
+            inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+            if not isinstance(inputs, torch.Tensor):
+                raise TypeError(f"W8A8.calibrate takes batches of input tensors (or (inputs, labels) pairs), got "
+                                f"{type(inputs).__name__} in batch {seen}")
+            self.model(inputs)
             seen += 1
         if seen < steps:
             raise ValueError(f"calibration needs {steps} batches, the data gave {seen}")
@@ -139,7 +148,11 @@ class W8A8(nn.Module):
                              f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}: no int8 range fits them")
         for q in self.quantizers.values():
             q.estimating = False
+        self.calibrated = True
         return self
 
     def forward(self, *args, **kwargs):
+        if not self.calibrated:
+            raise RuntimeError("W8A8 model used before calibration: call calibrate(batches) first (or again, after "
+                               "a calibration that failed), or its activations would not be quantized")
         return self.model(*args, **kwargs)

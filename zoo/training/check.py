@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from zoo.release import CONFIG, checkpoint_roots, load
+from zoo.atomic import check_parents
+from zoo.release import CONFIG, WEIGHTS, checkpoint_roots, is_release_folder, load
 
 # Metrics that a check compares; "points" are hundredths (percentage points for accuracy).
 CHECKED = ("test/acc", "test/acc_top5", "test/auroc", "val/loss", "val/bpc")
@@ -29,18 +30,42 @@ def datamodule_for(config: dict, data_root: str | os.PathLike):
     if "file" in data and (Path(data["file"]).is_absolute() or ".." in Path(data["file"]).parts):
         raise ValueError(f"the data file must lie under the data root, got {data['file']!r}")
     location = {"path": str(Path(data_root) / data["file"])} if "file" in data else {"root": str(data_root)}
-    return getattr(importlib.import_module(module), cls)(**data["init_args"], **location)
+    init_args = dict(data["init_args"])
+    workers = init_args.get("num_workers")
+    if isinstance(workers, int) and not isinstance(workers, bool):  # a config may ask for 64; fork no more than fit
+        init_args["num_workers"] = max(0, min(workers, cores()))
+    return getattr(importlib.import_module(module), cls)(**init_args, **location)
 
 
-def measure(folder: str | os.PathLike, data_root: str | os.PathLike) -> dict:
-    """The metrics of the release at `folder`, measured now, in float32, the way `export` measured them."""
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def prepared_data(folder: str | os.PathLike, data_root: str | os.PathLike):
+    """(config, test data set up) of the release at `folder`, from `data_root` as it is: a check reads the
+    data that is there and never downloads, so a missing data set is refused in one line naming it and the root
+    (and nothing is created there)."""
+    config = json.loads((Path(folder) / CONFIG).read_text())
+    try:
+        datamodule = datamodule_for(config, data_root)
+        if hasattr(datamodule, "download"):
+            datamodule.download = False
+        datamodule.setup("test")
+    except FileNotFoundError:
+        name = ((config.get("training") or {}).get("data") or {}).get("name") or "its"
+        raise FileNotFoundError(f"{Path(folder).name}: the {name} data is not under the data root {data_root}; "
+                                "give --data-root the folder that holds it (zoo check never downloads)") from None
+    return config, datamodule
+
+
+def measure(folder: str | os.PathLike, data_root: str | os.PathLike, prepared=None) -> dict:
+    """The metrics of the release at `folder`, measured now, in float32, the way `export` measured them.
+    prepared: what prepared_data gave, where the caller checked the data first."""
     from zoo.training import task_class
 
-    config = json.loads((Path(folder) / CONFIG).read_text())
+    config, datamodule = prepared or prepared_data(folder, data_root)
     task = task_class(config["model_name"])(model_name=config["model_name"], model_overrides=config["args"])
     task.model = load(folder)
-    datamodule = datamodule_for(config, data_root)
-    datamodule.setup("test")
     return task.evaluate(datamodule.test_dataloader())
 
 
@@ -54,6 +79,39 @@ def compare(card: dict, measured: dict, tolerance: float = TOLERANCE_POINTS) -> 
     return rows
 
 
-def check(folder: str | os.PathLike, data_root: str | os.PathLike) -> list[dict]:
-    config = json.loads((Path(folder) / CONFIG).read_text())
-    return compare(config.get("metrics") or {}, measure(folder, data_root))
+def check(folder: str | os.PathLike, data_root: str | os.PathLike, prepared=None) -> list[dict]:
+    config, datamodule = prepared or prepared_data(folder, data_root)
+    return compare(config.get("metrics") or {}, measure(folder, data_root, (config, datamodule)))
+
+
+def check_table_path(path, folders) -> Path:
+    """`path` for `zoo check --json`, refused before anything is measured where writing the table would damage
+    something: inside a release folder (one of `folders` or any other), a link, or over a file that is not a
+    previous check table."""
+    path = Path(path)
+    target = Path(os.path.realpath(path))
+    checked = {Path(os.path.realpath(f)) for f in folders}
+    for parent in target.parents:
+        if parent in checked or is_release_folder(parent) or ((parent / CONFIG).is_file()
+                                                              and (parent / WEIGHTS).is_file()):
+            raise FileExistsError(f"--json {path} lies inside the release folder {parent}; writing the table there "
+                                  "would change the release: choose a path outside it")
+    if path.is_symlink():
+        raise FileExistsError(f"--json {path} is a symbolic link; zoo check writes its table only to a real path")
+    if target.is_dir():
+        raise IsADirectoryError(f"--json {path} is a folder; give a file name, e.g. {path / 'check.json'}")
+    if target.exists() and not is_check_table(target):
+        raise FileExistsError(f"--json {path} exists and is not a zoo check table; zoo check replaces only its own "
+                              "table: choose another path, or move the file away yourself")
+    check_parents(path, "--json")
+    return path
+
+
+def is_check_table(path) -> bool:
+    """Whether the file holds what `zoo check --json` writes: a JSON list of rows with a release, metric and ok."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rows, list) and all(isinstance(r, dict) and {"release", "metric", "ok"} <= r.keys()
+                                          for r in rows)

@@ -8,16 +8,18 @@ import torch.nn.functional as F
 import torchmetrics
 
 import zoo
-from zoo.training import optim
+from zoo.training import finetune, optim
+from zoo.training.source import saved_config
 
 
 def fit_to_data(model_name: str, overrides: dict, data_info: dict | None) -> dict:
-    """Model keyword arguments that make `model_name` fit the data, with the user's overrides on top."""
-    from zoo.registry import entry
+    """Model keyword arguments that make `model_name` (a registered model or a checkpoint) fit the data, with
+    the user's overrides on top."""
+    from zoo.training.source import source_family
 
     if not data_info:
         return dict(overrides)
-    family = entry(model_name).family
+    family = source_family(model_name)
     if family == "text":
         raise ValueError(f"{model_name!r} is a text model; classification needs an image, signal or volume model")
     kwargs = {k: data_info[k] for k in ("num_classes", "in_chans", "mean", "std", "label_names")}
@@ -35,12 +37,37 @@ def fit_to_data(model_name: str, overrides: dict, data_info: dict | None) -> dic
     return {**kwargs, **overrides}
 
 
+def build_model(model_name: str, kwargs: dict, model_config: dict | None):
+    """The task's model: its saved config when a Lightning checkpoint is read again (the weights follow), else
+    a checkpoint to start from, else a registered model with random weights."""
+    from zoo.training.source import is_checkpoint, model_from_config, start_from
+
+    if model_config is not None:
+        return model_from_config(model_config)
+    if is_checkpoint(model_name):
+        return start_from(model_name, kwargs)
+    return zoo.create(model_name, **kwargs)
+
+
 class ClassificationTask(L.LightningModule):
     """Cross-entropy with optional label smoothing; accuracy (top-1, top-5 beyond five classes), AUROC for two.
 
-    model_name: a registered model (`zoo models`); model_overrides: its keyword arguments;
-    data_info: what the data module says the model must fit (classes, channels, input size,
-    normalization), linked in by the command line from the data module.
+    Args:
+        model_name: a registered model (`zoo models`), or a checkpoint to start from (a shipped name.tag,
+            a release folder, hf-hub:org/repo; zoo/training/source.py).
+        model_overrides: keyword arguments of the model's class (num_classes or in_chans adapt a checkpoint's
+            head or patch embedding, as timm does).
+        data_info: what the data module says the model must fit (classes, channels, input size,
+            normalization, label names), linked in by the command line from the data module.
+        lr: AdamW's peak learning rate, reached after the warm-up, then decayed along a cosine.
+        weight_decay: AdamW's decoupled weight decay, on matrices only (not norms, biases, embeddings).
+        warmup_steps: optimizer steps of linear warm-up from 0.
+        label_smoothing: cross-entropy's label smoothing, in [0, 1).
+        layer_decay: layer-wise learning-rate decay (timm's: block i gets lr * layer_decay ** (depth - i));
+            None for none.
+        freeze_blocks: freeze the embedding and this many first blocks (0: train everything).
+        model_config: the built model, saved in the hyperparameters so that a Lightning checkpoint is read
+            back without its starting point (set by the task, not by hand).
     """
 
     def __init__(
@@ -52,10 +79,18 @@ class ClassificationTask(L.LightningModule):
         weight_decay: float = 0.05,
         warmup_steps: int = 100,
         label_smoothing: float = 0.0,
+        layer_decay: float | None = None,
+        freeze_blocks: int = 0,
+        model_config: dict | None = None,
     ):
         super().__init__()
+        optim.check_hyperparameters(lr, weight_decay, warmup_steps, label_smoothing)
+        finetune.check_finetune(layer_decay, freeze_blocks)
         self.save_hyperparameters()
-        self.model = zoo.create(model_name, **fit_to_data(model_name, model_overrides or {}, data_info))
+        kwargs = fit_to_data(model_name, model_overrides or {}, data_info) if model_config is None else {}
+        self.model = build_model(model_name, kwargs, model_config)
+        self.hparams.model_config = saved_config(self.model)
+        finetune.freeze(self.model, freeze_blocks)
         self.num_classes = self.model.num_classes
         self.val_metrics = self._metrics("val/")
         self.test_metrics = self._metrics("test/")
@@ -130,4 +165,4 @@ class ClassificationTask(L.LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        return optim.configure(self, h.lr, h.weight_decay, h.warmup_steps)
+        return finetune.configure(self, h.lr, h.weight_decay, h.warmup_steps, h.layer_decay)

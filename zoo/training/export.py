@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 
-from zoo.atomic import check_replaceable
+from zoo.atomic import check_parents, check_replaceable, check_writable_folder, lock_name, open_lock
 from zoo.card import parse_target
 from zoo.release import is_release_folder, save_pretrained
 
@@ -21,6 +24,7 @@ def export(task: L.LightningModule, datamodule, outdir, command: str | None = No
     run: what the card should say about training (epochs, steps, precision); it is kept in
     config.json beside the metrics, so that the card can be written again from the folder.
     """
+    refuse_nonfinite(task.model, "the model")
     datamodule.setup("test")
     metrics = task.evaluate(datamodule.test_dataloader())
     data = datamodule.describe() if hasattr(datamodule, "describe") else {"name": type(datamodule).__name__}
@@ -54,12 +58,20 @@ class ExportRelease(L.Callback):
         if self.push_to and not self.dirpath:
             raise ValueError("export.push_to needs export.dirpath: the folder to write and then upload")
         if self.push_to:
-            from zoo.hub import validate_repo_id
+            from zoo.hub import check_hub, validate_repo_id
 
             validate_repo_id(self.push_to)  # fail before training, not after
+            if stage == "fit":  # the Hub answers and takes the token now, not only after training
+                check_hub(what=f"export.push_to {self.push_to}")
+        if stage == "fit":
+            claim_run(trainer)
 
     def on_fit_start(self, trainer, pl_module):
         self.started = time.time()
+
+    def teardown(self, trainer, pl_module, stage):
+        if stage == "fit":
+            release_run(trainer)
 
     def on_fit_end(self, trainer, pl_module):
         if not self.dirpath or not trainer.is_global_zero:
@@ -86,26 +98,91 @@ class ExportRelease(L.Callback):
 def check_export_path(outdir, keep: dict[str, str | None], overwrite: bool = True, ours=is_release_folder,
                       what: str = "release folder") -> None:
     """Refuse, before any work, an export folder that is, or holds, what the run or the export reads or
-    writes (`keep`: what -> path), or anything else that is not a folder of that kind (`ours`)."""
-    out = Path(outdir).resolve()
+    writes (`keep`: what -> path), anything else that is not a folder of that kind (`ours`), and a path
+    that cannot be written (a link, a file on the way, a folder this user cannot write)."""
+    if Path(outdir).is_symlink():  # a loop too, which realpath below would not report
+        check_replaceable(outdir, ours, what, overwrite)
+    out = Path(os.path.realpath(outdir))
     for kept, other in keep.items():
         if other is None:
             continue
-        other = Path(other).resolve()
+        other = Path(os.path.realpath(other))
         if out == other or out in other.parents:  # replacing `out` would take `other` with it
             raise ValueError(f"the export folder {outdir} overlaps {kept} ({other}): writing the export there "
                              "would replace what the run keeps; choose a separate export folder")
     check_replaceable(outdir, ours, what, overwrite)
+    check_parents(outdir, "the export folder")
+
+
+def refuse_nonfinite(model: torch.nn.Module, source) -> None:
+    """Refuse, naming the tensor, a model with a NaN or infinite weight: its release would never load."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{source}: tensor {name!r} holds NaN or inf (a diverged or damaged checkpoint); "
+                             "nothing was exported")
+
+
+def claim_run(trainer) -> None:
+    """Before a fit writes anything: hold its checkpoint folder for as long as it runs (a second run on the
+    same folder is refused at once, naming the first), and give each logger that has no version yet the
+    next free one, chosen under a lock and made at once, so that two runs started together never share one.
+    Undone by release_run; calling it again is a no-op."""
+    import fcntl
+
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if getattr(trainer, "_zoo_run_lock", None) is not None:
+        return
+    if rank_zero_only.rank != 0:  # the other processes of one distributed run: rank 0 holds it for them all
+        trainer._zoo_run_lock = -1
+        return
+    check_writable_folder(trainer.default_root_dir, "trainer.default_root_dir")
+    for logger in getattr(trainer, "loggers", ()):
+        if getattr(logger, "_version", 0) is None and hasattr(logger, "_get_next_version"):
+            root = os.path.realpath(logger.root_dir)
+            os.makedirs(root, exist_ok=True)
+            fd = open_lock(lock_name(root))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                logger._version = logger._get_next_version()
+                os.makedirs(logger.log_dir, exist_ok=True)  # taken: the next run's count starts above it
+            finally:
+                os.close(fd)
+    folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+    if folder is None:
+        trainer._zoo_run_lock = -1  # checkpoints go to the logger's own version folder
+        return
+    fd = open_lock("run-" + lock_name(folder))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 1000, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise FileExistsError(f"another run ({other}) is writing checkpoints to {folder}; wait for it to end, or "
+                              "give this one its own --trainer.default_root_dir or --checkpoint.dirpath") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(['zoo', *sys.argv[1:]])[:300]}".encode(), 0)
+    trainer._zoo_run_lock = fd
+
+
+def release_run(trainer) -> None:
+    fd = getattr(trainer, "_zoo_run_lock", None)
+    trainer._zoo_run_lock = None
+    if fd is not None and fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def read_task(checkpoint) -> L.LightningModule:
     """The task in a zoo Lightning checkpoint (our own file, read with weights_only)."""
     from zoo.training import task_class
+    from zoo.training.checkpoint_io import read_checkpoint
 
-    hparams = torch.load(checkpoint, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+    hparams = read_checkpoint(checkpoint).get("hyper_parameters", {})  # one-line errors for what is not one
     if "model_name" not in hparams:
         raise ValueError(f"{checkpoint} is not a zoo training checkpoint (no model_name in its hyperparameters)")
-    return task_class(hparams["model_name"]).load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    task = task_class(hparams["model_name"], hparams.get("model_config"))  # a saved model_config needs no source
+    return task.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
 
 
 def export_checkpoint(checkpoint, outdir, config: str | None = None, overwrite: bool = True) -> tuple[Path, dict]:
@@ -121,6 +198,7 @@ def export_checkpoint(checkpoint, outdir, config: str | None = None, overwrite: 
     check_export_path(outdir, {"the checkpoint it exports": checkpoint}, overwrite)
     steps = tqdm(total=3, desc="export", unit="step")
     task = read_task(checkpoint)
+    refuse_nonfinite(task.model, checkpoint)
     steps.update()
     if config:
         import yaml

@@ -10,12 +10,31 @@ import torch.nn.functional as F
 import torchmetrics
 
 import zoo
-from zoo.tokenizer import BPETokenizer
-from zoo.training import optim
+from zoo.tokenizer import BPETokenizer, describe
+from zoo.training import finetune, optim
+from zoo.training.source import is_checkpoint, model_from_config, saved_config, source_family, start_from
 
 
 class LanguageModelTask(L.LightningModule):
-    """Cross-entropy per token; bits per character and perplexity; a short sample at each validation."""
+    """Cross-entropy per token; bits per character and perplexity; a short sample at each validation.
+
+    Args:
+        model_name: a registered model (random weights; it takes the data's tokenizer), or a checkpoint to
+            start from (a shipped name.tag, a release folder, hf-hub:org/repo), which keeps its own tokenizer:
+            the data is encoded with it (`setup`), or refused if it cannot be.
+        model_overrides: keyword arguments of the model's class.
+        data_info: the data's vocabulary size and tokenizer, linked in by the command line from the data module.
+        lr: AdamW's peak learning rate, reached after the warm-up, then decayed along a cosine.
+        weight_decay: AdamW's decoupled weight decay, on matrices only.
+        warmup_steps: optimizer steps of linear warm-up from 0.
+        sample_prompt: the prompt of the short sample logged at each validation.
+        sample_tokens: how many tokens that sample generates.
+        new_tokenizer: fine-tune a checkpoint with the data's tokenizer instead of its own, the token embedding
+            started afresh.
+        layer_decay: layer-wise learning-rate decay, as in ClassificationTask; None for none.
+        freeze_blocks: freeze the embedding and this many first blocks.
+        model_config: the built model, saved in the hyperparameters (set by the task, not by hand).
+    """
 
     def __init__(
         self,
@@ -27,14 +46,66 @@ class LanguageModelTask(L.LightningModule):
         warmup_steps: int = 100,
         sample_prompt: str = "\n",
         sample_tokens: int = 200,
+        new_tokenizer: bool = False,
+        layer_decay: float | None = None,
+        freeze_blocks: int = 0,
+        model_config: dict | None = None,
     ):
         super().__init__()
+        optim.check_hyperparameters(lr, weight_decay, warmup_steps)
+        finetune.check_finetune(layer_decay, freeze_blocks)
         self.save_hyperparameters()
-        self.model = zoo.create(model_name, **{**(data_info or {}), **(model_overrides or {})})
-        # bits per character only where a token is a character; per token otherwise (BPE)
-        self.bits = "bits_per_token" if isinstance(self.model.tokenizer, BPETokenizer) else "bpc"
+        overrides = dict(model_overrides or {})
+        if model_config is None and is_checkpoint(model_name):
+            if source_family(model_name) != "text":
+                raise ValueError(f"{model_name!r} is not a language model; LanguageModelTask needs a text model "
+                                 "(`zoo models '*gpt*' --pretrained` lists those with weights)")
+            self.model = start_from(model_name, {**(data_info or {}), **overrides} if new_tokenizer else overrides)
+        elif model_config is None:
+            self.model = zoo.create(model_name, **{**(data_info or {}), **overrides})
+        else:
+            self.model = model_from_config(model_config)
+        self.hparams.model_config = saved_config(self.model)
+        finetune.freeze(self.model, freeze_blocks)
         self.val_loss = torchmetrics.MeanMetric()
         self.test_loss = torchmetrics.MeanMetric()
+
+    @property
+    def bits(self) -> str:
+        """bits per character only where a token is a character; per token otherwise (BPE)."""
+        return "bits_per_token" if isinstance(self.model.tokenizer, BPETokenizer) else "bpc"
+
+    def setup(self, stage: str) -> None:
+        self._match_tokenizer()
+
+    def _match_tokenizer(self) -> None:
+        """The data must be tokens of the model's tokenizer: a data module that can, re-encodes its text with it
+        (CharText.use_tokenizer); any other mismatch is refused. Never a loss over another tokenizer's ids."""
+        data = self.trainer.datamodule if self._trainer is not None else None
+        theirs, ours = getattr(data, "tokenizer", None), self.model.tokenizer
+        if theirs is None or ours is None or theirs.to_dict() == ours.to_dict():
+            return
+        if not hasattr(data, "use_tokenizer"):
+            raise ValueError(f"{type(data).__name__}'s tokenizer ({describe(theirs)}) is not the model's "
+                             f"({describe(ours)}), and it cannot take the model's: give the data module the "
+                             "model's tokenizer, or fine-tune with new_tokenizer: true")
+        base = getattr(self.model, "base_model", None)
+        data.use_tokenizer(ours, f"{base}'s" if base else "the model's")
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A checkpoint's model, rebuilt if this task was built otherwise (from another file's tokenizer, say),
+        before Lightning loads its weights; then the data adopts its tokenizer."""
+        hparams = checkpoint.get("hyper_parameters") or {}
+        saved = hparams.get("model_config")
+        if saved is None:  # written before model_config: the model as the checkpoint's data made it
+            args = {**self.model.config, **(hparams.get("data_info") or {}), **(hparams.get("model_overrides") or {})}
+            saved = {**saved_config(self.model), "args": args}
+        if saved["args"] != self.model.config:
+            device = next(self.model.parameters()).device
+            self.model = model_from_config(saved).to(device)
+            self.hparams.model_config = saved_config(self.model)
+            finetune.freeze(self.model, self.hparams.freeze_blocks)
+            self._match_tokenizer()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -50,7 +121,7 @@ class LanguageModelTask(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        self.val_loss.update(self._loss(batch))
+        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
 
     def on_validation_epoch_end(self):
         self._log_summary("val", self.val_loss)
@@ -63,7 +134,7 @@ class LanguageModelTask(L.LightningModule):
                 self.print(f"\n--- sample at step {self.global_step} ---\n{text}\n---")
 
     def test_step(self, batch, batch_idx):
-        self.test_loss.update(self._loss(batch))
+        self.test_loss.update(self._loss(batch), weight=batch[1].numel())  # per token: a short last batch counts less
 
     def on_test_epoch_end(self):
         self._log_summary("test", self.test_loss)
@@ -91,4 +162,4 @@ class LanguageModelTask(L.LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        return optim.configure(self, h.lr, h.weight_decay, h.warmup_steps)
+        return finetune.configure(self, h.lr, h.weight_decay, h.warmup_steps, h.layer_decay)

@@ -8,6 +8,21 @@ import torch
 from torch import nn
 
 
+def check_hyperparameters(lr, weight_decay, warmup_steps, label_smoothing=0.0) -> None:
+    """Refuse, when the task is built (not at the first optimizer step), what AdamW or the loss cannot use."""
+    def real(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not real(lr) or lr <= 0:
+        raise ValueError(f"lr must be a finite number above 0, got {lr!r}")
+    if not real(weight_decay) or weight_decay < 0:
+        raise ValueError(f"weight_decay must be a finite number of at least 0, got {weight_decay!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an integer of at least 0, got {warmup_steps!r}")
+    if not real(label_smoothing) or not 0 <= label_smoothing < 1:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices only: not norms, biases, embeddings, nor what the model lists in no_weight_decay()."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()

@@ -13,6 +13,9 @@ same held-out batch, the first of the validation data, and the logger gets
 `outliers/kurtosis` (mean over the watched layers of the per-input Pearson kurtosis) and
 `outliers/max_abs` (the largest magnitude in any of them); see zoo.quantization.outliers.
 With `path`, rank zero also appends them as JSON lines (step, kurtosis, max_abs) to that file.
+The model measured is the zoo model inside the LightningModule: its `.model`, or the first
+submodule that is one (any LightningModule that holds a zoo model works); a module that holds
+none is refused when fit starts.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from zoo.atomic import appendable_jsonl
 from zoo.quantization.outliers import ActivationStats
-from zoo.training.pictures import first_validation_inputs
+from zoo.training.pictures import first_validation_inputs, zoo_model
 
 
 class TrackOutliers(L.Callback):
@@ -44,9 +47,12 @@ class TrackOutliers(L.Callback):
                                    "validation data")
         return self.batch
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        zoo_model(pl_module, "TrackOutliers")  # refused before the first step, not at the first measurement
+
     def measure(self, trainer, pl_module) -> dict[str, float]:
         x = self._held_out(trainer).to(pl_module.device)
-        model = pl_module.model
+        model = zoo_model(pl_module, "TrackOutliers")
         was_training = model.training
         model.eval()
         try:

@@ -19,6 +19,10 @@ from typing import Literal
 import lightning as L
 import torch
 from lightning.fabric.connector import _PRECISION_INPUT
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.plugins import _PLUGIN_INPUT
+
+from zoo.training.checkpoint_io import SafeCheckpointIO
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +96,14 @@ class Trainer(L.Trainer):
     """Lightning's Trainer that also takes `precision="auto"` (the recipes' setting): see `choose`.
 
     `precision_reason` keeps why auto chose what it did (None when the precision was given),
-    for the model card.
+    for the model card. Checkpoints (`ckpt_path`: a file, "last", "best") are read weights-only
+    and never from a URL (`zoo.training.checkpoint_io`), unless a CheckpointIO plugin is given.
     """
 
-    def __init__(self, *args, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs):
+    def __init__(self, *args, precision: _PRECISION_INPUT | Literal["auto"] | None = None,
+                 plugins: _PLUGIN_INPUT | list[_PLUGIN_INPUT] | None = None, **kwargs):
         precision, self.precision_reason = resolve(precision, kwargs.get("accelerator", "auto"))
-        super().__init__(*args, precision=precision, **kwargs)
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [] if plugins is None else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(SafeCheckpointIO())
+        super().__init__(*args, precision=precision, plugins=plugins, **kwargs)

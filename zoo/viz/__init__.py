@@ -8,7 +8,7 @@
 
 `measures` computes the numbers, `figures` draws them (tensors in, a Figure out), `capture`
 records attention; `pictures` puts them together for a model and one input. Needs matplotlib
-(`pip install 'zoo[viz]'`).
+(`pip install 'attention-zoo[viz]'`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 
 if importlib.util.find_spec("matplotlib") is None:
-    raise ImportError("zoo.viz draws with matplotlib, which is not installed: pip install 'zoo[viz]'")
+    raise ImportError("zoo.viz draws with matplotlib, which is not installed: pip install 'attention-zoo[viz]'")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -24,7 +24,9 @@ from torch import nn  # noqa: E402
 from zoo.viz import figures, measures  # noqa: E402
 from zoo.viz.capture import AttentionMap, capture  # noqa: E402
 
-__all__ = ["AttentionMap", "capture", "figures", "measures", "pictures"]
+__all__ = ["AttentionMap", "MAX_TOKENS", "capture", "figures", "measures", "pictures"]
+
+MAX_TOKENS = 1024  # of a prompt: its attention maps take layers x heads x MAX_TOKENS^2 values
 
 
 def _grid(model) -> tuple[int, ...] | None:
@@ -42,6 +44,9 @@ def check_input(model: nn.Module, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != 1 or x.is_floating_point():
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"pictures take one prompt as token ids of shape (1, length), got {got}")
+        if not 0 < x.shape[1] <= MAX_TOKENS:  # capture holds (layers, heads, L, L) maps
+            raise ValueError(f"pictures take prompts of 1 to {MAX_TOKENS:,} tokens (each layer's map is tokens x "
+                             f"tokens per head), got {x.shape[1]:,}: draw a part of the prompt")
         return
     shape = tuple(getattr(model, "expected_shape", model.input_shape))
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != (1, *shape):

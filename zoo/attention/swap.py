@@ -1,0 +1,285 @@
+"""Zoo attention inside anyone's model: `swap(model, mechanism, **options)` replaces its attention modules.
+
+It replaces timm's ViT attention (timm.layers.Attention), PyTorch's nn.MultiheadAttention (the attention
+of nn.TransformerEncoderLayer and nn.TransformerDecoderLayer) and zoo's own token mixers, and returns the
+model. The new layer is called as the old one was: timm's `attn(x, attn_mask=..., is_causal=...)` goes
+straight to it (zoo's layers take both), and nn.MultiheadAttention's signature through MultiheadAdapter.
+
+softmax, quiet, clipped and gated share q, k, v and the output projection (`qkv`, `proj`, of the shapes
+timm's Attention has and nn.MultiheadAttention's in_proj / out_proj hold), so those weights are kept:
+swapping to softmax leaves the outputs unchanged. micro and elita have none of them and start from fresh
+weights. Each swapped module is logged (zoo.attention.swap, INFO), the fresh ones in one WARNING.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+
+import torch
+from torch import nn
+
+from zoo.attention.checks import flag, shown
+from zoo.attention.clipped import ClippedSoftmaxAttention
+from zoo.attention.elita import ElitaAttention
+from zoo.attention.gated import GatedAttention
+from zoo.attention.micro import MicroAttention
+from zoo.attention.quiet import QuietAttention
+from zoo.attention.softmax import SoftmaxAttention
+
+log = logging.getLogger(__name__)
+
+# The token mixers (FusedAttention pools a sequence into one vector, so it replaces no attention layer)
+MIXERS: dict[str, type[nn.Module]] = {
+    "softmax": SoftmaxAttention,
+    "quiet": QuietAttention,
+    "clipped": ClippedSoftmaxAttention,
+    "gated": GatedAttention,
+    "micro": MicroAttention,
+    "elita": ElitaAttention,
+}
+ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention)
+
+
+class TimmAttention(nn.Module):
+    """A zoo layer in the place of timm's Attention: timm's calls go through, then timm's proj_drop.
+
+    `forward(x, attn_mask=None, is_causal=False)` takes x (batch, length, dim), as timm's Attention does,
+    and returns proj_drop(attn(x, attn_mask=attn_mask, is_causal=is_causal)), (batch, length, dim).
+
+    Args:
+        attn: the zoo token mixer that replaces timm's attention (SoftmaxAttention and its kind,
+            MicroAttention or ElitaAttention).
+        proj_drop: the replaced layer's dropout after its output projection, kept (an nn.Dropout or
+            nn.Identity).
+    """
+
+    def __init__(self, attn: nn.Module, proj_drop: nn.Module):
+        super().__init__()
+        self.attn, self.proj_drop = attn, proj_drop
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
+        return self.proj_drop(self.attn(x, attn_mask=attn_mask, is_causal=is_causal))
+
+
+def _real_tokens(key_padding_mask: torch.Tensor, owner: str) -> torch.Tensor:
+    """PyTorch's key_padding_mask (bool, True = padding; or float, -inf = padding) as zoo's (True = real)."""
+    if key_padding_mask.dtype == torch.bool:
+        return ~key_padding_mask
+    if key_padding_mask.is_floating_point() and bool(((key_padding_mask == 0) | key_padding_mask.isneginf()).all()):
+        return key_padding_mask == 0
+    raise ValueError(f"{owner} expects key_padding_mask as bool (True = padding) or float (0 = real, -inf = padding), "
+                     f"got dtype {key_padding_mask.dtype} with other values")
+
+
+class MultiheadAdapter(nn.Module):
+    """A zoo layer behind nn.MultiheadAttention's calling convention, for PyTorch's Transformer layers.
+
+    `forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False)` returns (output, None): zoo's layers hand out no weights.
+    Inputs are (batch, length, dim) with batch_first, else (length, batch, dim); keys and values must be one
+    tensor (`key is value`), the query too for self-attention, another one for cross-attention. PyTorch's
+    masks are turned into zoo's: key_padding_mask True (or -inf) = padding becomes zoo's True = real token,
+    and padded positions then come out zero (real positions are unchanged); a boolean attn_mask True = may
+    not attend becomes True = may attend, (batch * heads, L, S) becomes (batch, heads, L, S); and is_causal
+    is taken at its word, as nn.MultiheadAttention takes it: the layer attends causally, the mask unread.
+
+    Args:
+        attn: the zoo token mixer that replaces nn.MultiheadAttention; its `dim` and `heads` become this
+            adapter's `embed_dim` and `num_heads`.
+        batch_first: True if inputs are (batch, length, dim), as with nn.MultiheadAttention(batch_first=True);
+            default False: (length, batch, dim).
+    """
+
+    # nn.TransformerEncoderLayer reads these for its fused fast path, which would bypass this module:
+    # None (to it, an attention without biases) sends every call through forward.
+    in_proj_weight = None
+    in_proj_bias = None
+    _qkv_same_embed_dim = True
+
+    def __init__(self, attn: nn.Module, batch_first: bool = False):
+        super().__init__()
+        self.attn, self.batch_first = attn, flag(batch_first, "batch_first", type(self).__name__)
+        self.embed_dim, self.num_heads = attn.dim, attn.heads
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, None]:
+        owner = f"{type(self).__name__}({type(self.attn).__name__})"
+        if key is not value:
+            raise ValueError(f"{owner} takes keys and values from one tensor (key is value), as zoo's layers "
+                             "compute both from the same tokens; got two tensors")
+        for name, t in (("query", query), ("key", key)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3:
+                layout = "(batch, length, dim)" if self.batch_first else "(length, batch, dim)"
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{owner} expects a batched {name} {layout}, got {got}")
+        context = None if key is query else key
+        if not self.batch_first:
+            query = query.transpose(0, 1)
+            context = None if context is None else context.transpose(0, 1)
+        if context is not None and not isinstance(self.attn, SoftmaxAttention):
+            raise ValueError(f"{owner} cannot attend to another sequence: cross-attention needs softmax, quiet, "
+                             "clipped or gated")
+        b, lq = query.shape[:2]
+        lk = lq if context is None else context.shape[1]
+        real = None if key_padding_mask is None else _real_tokens(key_padding_mask, owner)
+        if is_causal:
+            attn_mask = None  # the hint says attn_mask is the causal mask
+        elif attn_mask is not None:
+            attn_mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
+            if attn_mask.dim() == 3:
+                if attn_mask.shape != (b * self.num_heads, lq, lk):
+                    raise ValueError(f"{owner} expects a 3-D attn_mask of shape (batch * heads, L, S) = "
+                                     f"{(b * self.num_heads, lq, lk)}, got {tuple(attn_mask.shape)}")
+                attn_mask = attn_mask.view(b, self.num_heads, lq, lk)
+        extra = {} if context is None else {"context": context}
+        out = self.attn(query, real, attn_mask=attn_mask, is_causal=is_causal, **extra)
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+def _sources(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules swap replaces, by qualified name ("" for the model itself)."""
+    from timm.layers import Attention as TimmVitAttention
+
+    found = []
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") or outer == "" for outer, _ in found):
+            continue  # inside one already found (zoo's layer in an adapter is found by itself)
+        if type(module) is TimmVitAttention or isinstance(module, (nn.MultiheadAttention, *ZOO_MIXERS)):
+            found.append((name, module))
+    return found
+
+
+def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
+    """The new layer's arguments taken from the old one, the (qkv weight, qkv bias, proj weight, proj bias)
+    to keep or None, and notes on what does not carry over."""
+    if isinstance(old, ZOO_MIXERS):
+        args = {"dim": old.dim, "heads": old.heads, "causal": old.causal}
+        if not isinstance(old, SoftmaxAttention):
+            return args, None, [f"{type(old).__name__} has no q, k, v"]
+        args.update(bias=old.qkv.bias is not None, dropout=old.dropout)
+        if old.attn_bias is not None:
+            args.update(max_len=old.max_len, learned_bias=True)
+        notes = ["its gates are dropped"] if isinstance(old, GatedAttention) else []
+        return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
+    if isinstance(old, nn.MultiheadAttention):
+        if not old._qkv_same_embed_dim:
+            raise ValueError(f"swap: {name or 'the model'} is an nn.MultiheadAttention with kdim={old.kdim}, "
+                             f"vdim={old.vdim} other than embed_dim={old.embed_dim}; zoo's layers take keys and "
+                             "values of the query's width")
+        args = {"dim": old.embed_dim, "heads": old.num_heads, "causal": False,
+                "bias": old.in_proj_bias is not None, "dropout": old.dropout}
+        notes = ["its bias_k and bias_v are dropped"] if old.bias_k is not None else []
+        if old.add_zero_attn:
+            notes.append("add_zero_attn=True is quiet attention")
+        return args, (old.in_proj_weight, old.in_proj_bias, old.out_proj.weight, old.out_proj.bias), notes
+    dim = old.qkv.in_features  # timm's Attention
+    if old.qkv.out_features != 3 * dim or old.proj.in_features != dim or old.proj.out_features != dim:
+        raise ValueError(f"swap: {name or 'the model'} is a timm Attention of width {dim} with qkv "
+                         f"{old.qkv.out_features} and proj {old.proj.in_features} -> {old.proj.out_features} wide; "
+                         f"zoo's layers need {3 * dim} and {dim} -> {dim}")
+    args = {"dim": dim, "heads": old.num_heads, "causal": False, "dropout": old.attn_drop.p,
+            "bias": old.qkv.bias is not None or old.proj.bias is not None}
+    dropped = [part for part in ("q_norm", "k_norm", "norm") if not isinstance(getattr(old, part, None), nn.Identity)]
+    dropped += ["gate"] if getattr(old, "gate", None) is not None else []
+    notes = [f"its {', '.join(dropped)} are dropped"] if dropped else []
+    return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
+
+
+def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tuple[nn.Module, bool, list[str]]:
+    """The module to put in old's place, whether it kept old's weights, and notes for the log."""
+    args, weights, notes = _shape(old, name)
+    cls = MIXERS[mechanism]
+    if not issubclass(cls, SoftmaxAttention):
+        args = {key: args[key] for key in ("dim", "heads", "causal")}
+    args.update(options)
+    if cls is ElitaAttention and args["causal"] is False:
+        raise ValueError(f"swap: elita is causal only and {name or 'the model'} attends both ways; pass causal=True "
+                         "to swap it in anyway (each token then sees only those before it)")
+    new = cls(**args)
+    param = next(old.parameters(), None)
+    if param is not None:
+        new = new.to(device=param.device, dtype=param.dtype)
+    new.train(old.training)
+    kept = weights is not None and isinstance(new, SoftmaxAttention)
+    if kept:
+        qkv_weight, qkv_bias, proj_weight, proj_bias = weights
+        with torch.no_grad():
+            for linear, weight, bias in ((new.qkv, qkv_weight, qkv_bias), (new.proj, proj_weight, proj_bias)):
+                linear.weight.copy_(weight)
+                if linear.bias is not None and bias is not None:
+                    linear.bias.copy_(bias)
+                elif linear.bias is not None:  # a bias the old layer lacked is zero, which it was
+                    linear.bias.zero_()
+            old_bias = getattr(old, "attn_bias", None)
+            if new.attn_bias is not None and old_bias is not None and old_bias.shape == new.attn_bias.shape:
+                new.attn_bias.copy_(old_bias)
+        if isinstance(new, GatedAttention) and not isinstance(old, GatedAttention):
+            notes.append("its gates are new")
+    elif weights is not None:
+        notes = [f"{cls.__name__} has no q, k, v"]
+    if isinstance(old, nn.MultiheadAttention):
+        new = MultiheadAdapter(new, old.batch_first)
+    elif not isinstance(old, ZOO_MIXERS):
+        new = TimmAttention(new, old.proj_drop)
+    return new, kept, notes
+
+
+def swap(model: nn.Module, mechanism: str, **options) -> nn.Module:
+    """Replace the attention modules of `model` by zoo's `mechanism`, keeping their weights where it can.
+
+    Args:
+        model: a module holding timm ViT attention (timm.layers.Attention), nn.MultiheadAttention (as in
+            nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or one of them itself.
+        mechanism: softmax, quiet, clipped, gated, micro or elita.
+        **options (Any): arguments for the mechanism's class (e.g. alpha for clipped, num_queries for micro,
+            causal=True for elita in a bidirectional model); heads, causal, bias and dropout default to the
+            old module's.
+
+    Returns:
+        The model, changed in place; where the model itself is the attention module, its replacement.
+        Every new layer is built before any is put in, so a refusal leaves the model as it was.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"swap expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(mechanism, str) or mechanism not in MIXERS:
+        close = difflib.get_close_matches(mechanism, list(MIXERS), n=3, cutoff=0.5) if isinstance(mechanism, str) \
+            else []
+        why = "; fused pools a sequence into one vector and replaces no attention layer" if mechanism == "fused" else ""
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise ValueError(f"swap: unknown attention {shown(mechanism)}{hint}{why}; expected one of {list(MIXERS)}")
+    sources = _sources(model)
+    if not sources:
+        raise ValueError(f"swap found no attention module in {type(model).__name__}: it replaces timm's "
+                         "Attention (timm.layers.Attention, as in timm's ViTs), nn.MultiheadAttention and zoo's "
+                         f"token mixers {list(MIXERS)}")
+    cross = {f"{name}.multihead_attn".lstrip(".") for name, module in model.named_modules()
+             if isinstance(module, nn.TransformerDecoderLayer)}
+    if not issubclass(MIXERS[mechanism], SoftmaxAttention) and cross & {name for name, _ in sources}:
+        raise ValueError(f"swap: {mechanism} cannot attend to another sequence, and {sorted(cross)[0]} is "
+                         "cross-attention; cross-attention needs softmax, quiet, clipped or gated")
+    built = [(name, old, *_replacement(old, name, mechanism, options)) for name, old in sources]
+    fresh, why_fresh = [], ""
+    for name, old, new, kept, notes in built:
+        if name == "":
+            model = new
+        else:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, new)
+        what = "kept q, k, v and the output projection" if kept else "fresh weights"
+        log.info("swap: %s: %s -> %s, %s%s", name or "the model", type(old).__name__, mechanism, what,
+                 "".join(f"; {note}" for note in notes))
+        if not kept:
+            fresh.append(name or "the model")
+            why_fresh = notes[0]
+    if fresh:
+        log.warning("swap: %d attention module(s) start from fresh weights (%s), train before use: %s", len(fresh),
+                    why_fresh, ", ".join(fresh))
+    for module in model.modules():
+        if isinstance(module, nn.TransformerEncoder) and not isinstance(module.layers[0].self_attn,
+                                                                         nn.MultiheadAttention):
+            # its nested-tensor route hands the layers nested tensors, which only PyTorch's own attention takes
+            module.use_nested_tensor = False
+    return model
