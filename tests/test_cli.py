@@ -52,7 +52,7 @@ def test_recipes_are_listed_and_every_one_is_a_file_in_recipes(capsys):
 
 
 def test_a_recipe_name_resolves_and_a_path_of_the_same_name_wins(tmp_path, monkeypatch, capsys):
-    from zoo.cli import resolve_configs
+    from zoo.cli.lightning import resolve_configs
 
     monkeypatch.chdir(tmp_path)
     assert resolve_configs(["fit", "--config", "quickstart"]) == ["fit", "--config",

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.cli_evaluate import evaluate_command
+from zoo.cli.evaluate import evaluate_command
 from zoo.data import CharText
 from zoo.tokenizer import BPETokenizer, CharTokenizer
 from zoo.training import ClassificationTask, LanguageModelTask, task_class

@@ -19,8 +19,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 import zoo
-from zoo.cli_errors import one_line
-from zoo.cli_leaderboard import leaderboard_command
+from zoo.cli.errors import one_line
+from zoo.cli.leaderboard import leaderboard_command
 from zoo.training import leaderboard
 from zoo.training.leaderboard import Group, Run
 

@@ -237,7 +237,7 @@ def test_decompression_bombs_are_refused_with_their_size(tmp_path):
 def test_damaged_and_foreign_images_are_one_line(tmp_path):
     from PIL import Image
 
-    from zoo.viz_command import read_image
+    from zoo.cli.viz import read_image
 
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(tmp_path / "good.png")
@@ -258,7 +258,7 @@ def test_damaged_and_foreign_images_are_one_line(tmp_path):
 
 
 def test_npy_inputs_are_checked_on_their_header(tmp_path):
-    from zoo.viz_command import read_npy
+    from zoo.cli.viz import read_npy
 
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000, 1000000000), }"
     header += " " * (-(10 + len(header) + 1) % 64) + "\n"
@@ -282,8 +282,8 @@ def test_npy_inputs_are_checked_on_their_header(tmp_path):
 
 
 def test_text_prompts_files_and_their_limits(tmp_path, capsys):
+    from zoo.cli.viz import read_input
     from zoo.viz import MAX_TOKENS, pictures
-    from zoo.viz_command import read_input
 
     model = zoo.load("micro-gpt-tiny.shakespeare")
     (tmp_path / "prompt.txt").write_text("ROMEO: to be")

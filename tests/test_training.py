@@ -291,7 +291,7 @@ def test_two_process_ddp_fit(tmp_path):
 @needs_data
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
 def test_every_recipe_builds_its_model_and_data(recipe, tmp_path, monkeypatch):
-    from zoo.cli import run_lightning
+    from zoo.cli.lightning import run_lightning
 
     monkeypatch.chdir(tmp_path)
     import importlib
@@ -315,7 +315,7 @@ def test_leaderboard_commands_parse_into_the_runs_they_name(tmp_path, monkeypatc
     """Each group's `zoo fit` command builds the model it names, with its seed, budget and callbacks."""
     sys.path.insert(0, str(REPO))
     from bench.leaderboard import GROUPS, Run
-    from zoo.cli import run_lightning
+    from zoo.cli.lightning import run_lightning
     from zoo.training.outliers import TrackOutliers
     from zoo.training.timeline import Timeline
 

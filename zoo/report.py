@@ -197,7 +197,7 @@ def _sample(model, config: dict, data_root) -> torch.Tensor | None:
         return torch.as_tensor([model.tokenizer.encode(PROMPT)]) if model.tokenizer else None
     if data_root is None:
         return None
-    from zoo.viz_command import data_samples
+    from zoo.cli.viz import data_samples
 
     try:
         return data_samples(config, data_root, 1)

@@ -1,0 +1,5 @@
+"""`python -m zoo.cli ...` is `zoo ...`."""
+
+from zoo.cli import main
+
+main()
