@@ -514,7 +514,7 @@ def test_elita_large_logits_match_float64():
     torch.testing.assert_close(ref.elita_recurrent(layer, x[:, :12] / 30), ref.elita_attention(layer, x[:, :12] / 30))
 
 
-@pytest.mark.parametrize("name", ["micro", "elita"])
+@pytest.mark.parametrize("name", ["micro", pytest.param("elita", marks=pytest.mark.slow)])  # elita: 10 s
 def test_65536_tokens_stay_finite_and_match_float64(name):
     n = 65_536
     layer = make(name, dim=8, heads=1)

@@ -154,6 +154,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 12 s of saving and killing
 def test_saves_killed_at_random_points_keep_a_loadable_release(tmp_path):
     folder = marked(1.0).save_pretrained(tmp_path / "m")
     rng = random.Random(0)

@@ -245,6 +245,7 @@ def test_cli_fit_test_and_export(tmp_path):
     assert "No metrics were recorded" in (tmp_path / "bare" / "README.md").read_text()
 
 
+@pytest.mark.slow  # 24 s: three short fits, one killed
 def test_resume_after_sigkill_ends_like_an_uninterrupted_run(tmp_path):
     """Killed mid-epoch with SIGKILL, resumed with --ckpt_path last: the same weights and metrics, bit for bit."""
     from safetensors.torch import load_file

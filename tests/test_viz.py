@@ -321,6 +321,7 @@ def test_callback_logs_to_tensorboard_wandb_and_csv(tmp_path):
         DrawPictures(every_n_epochs=0)
 
 
+@pytest.mark.slow  # 9 s: a fit from a recipe; test_callback_logs_to_tensorboard_wandb_and_csv covers the callback
 def test_callback_switched_on_from_a_recipe(tmp_path):
     """The recipe's trainer.callbacks turns it on; with a CSV logger the pictures are PNG files of the run."""
     import subprocess

@@ -1,4 +1,4 @@
-"""The `zoo` command: Lightning's CLI for fit/validate/test/predict, plus models, export, push, check, generate.
+"""The `zoo` command: Lightning's CLI for fit/validate/test/predict, and zoo's own tools, one file each here.
 
     zoo fit --config quickstart            (a packaged recipe by name, or any recipe file)
     zoo recipes
@@ -10,6 +10,9 @@
     zoo generate micro-gpt-tiny.shakespeare --prompt "ROMEO:"
     zoo viz micro-vit-tiny.mnist --out pictures/micro-vit --data-root ../shared/data
     zoo report --out report --data-root ../shared/data
+    zoo evaluate gpt-tiny.shakespeare other.txt
+    zoo leaderboard --recipe my.yaml --models vit-tiny,micro-vit-tiny --seeds 3
+    zoo build-kernels
 """
 
 from __future__ import annotations
