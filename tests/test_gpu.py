@@ -8,26 +8,10 @@ import torch
 import zoo
 import zoo.attention as A
 from tests import reference as ref
+from tests.test_attention import make, reference  # the same layers and formulas as on the CPU
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")]
-
-
-def make(name, dim=16, heads=2, causal=True, **kw):
-    layer = A.build(name, dim, heads=heads, causal=causal, **kw)
-    if name == "elita":
-        with torch.no_grad():  # reach beyond the tiny init so the test sees real mixing
-            layer.keys.mul_(20)
-            layer.pos_weight.mul_(10)
-    return layer
-
-
-def reference(name, layer, x, mask=None):
-    if name in ("softmax", "quiet"):
-        return ref.multi_head_attention(layer, x, mask, quiet=name == "quiet")
-    if name == "micro":
-        return ref.micro_attention(layer, x, mask)
-    return ref.elita_attention(layer, x)
 
 
 @pytest.mark.parametrize("name,causal", [("softmax", True), ("softmax", False), ("quiet", True), ("quiet", False),

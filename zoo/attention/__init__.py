@@ -22,17 +22,10 @@ from zoo.attention.gated import GatedAttention
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
-from zoo.attention.swap import MultiheadAdapter, TimmAttention, swap
+from zoo.attention.swap import MIXERS, MultiheadAdapter, TimmAttention, swap
 
-MECHANISMS: dict[str, type[nn.Module]] = {
-    "softmax": SoftmaxAttention,
-    "quiet": QuietAttention,
-    "clipped": ClippedSoftmaxAttention,
-    "gated": GatedAttention,
-    "micro": MicroAttention,
-    "elita": ElitaAttention,
-    "fused": FusedAttention,
-}
+# every mechanism by name: the token mixers, and FusedAttention, which pools a sequence into one vector
+MECHANISMS: dict[str, type[nn.Module]] = {**MIXERS, "fused": FusedAttention}
 
 
 # The mechanisms that are softmax attention with a KV cache (and its options: max_len, learned_bias, dropout)
