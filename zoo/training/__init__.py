@@ -2,8 +2,9 @@
 
 from zoo.training.classification import ClassificationTask
 from zoo.training.language_model import LanguageModelTask
+from zoo.training.sequence import SequenceTask
 
-__all__ = ["ClassificationTask", "LanguageModelTask", "task_class"]
+__all__ = ["ClassificationTask", "LanguageModelTask", "SequenceTask", "task_class"]
 
 
 def task_class(model_name: str, model_config: dict | None = None) -> type:
