@@ -309,7 +309,7 @@ def test_a_stray_lock_file_or_planted_link_neither_blocks_nor_is_followed(tmp_pa
     assert locks.read_text() == "a stray file"
     own = locks.with_name(f"zoo-locks-{os.getuid()}")
     assert stat.S_IMODE(own.stat().st_mode) == 0o700
-    with atomic._lock(folder):  # still one writer at a time
+    with atomic.locked(folder):  # still one writer at a time
         other = atomic.open_lock(atomic.lock_name(folder))
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -322,7 +322,7 @@ def test_a_stray_lock_file_or_planted_link_neither_blocks_nor_is_followed(tmp_pa
     (locks / atomic.lock_name(folder)).symlink_to(victim)
     small_release(folder)  # saved again, through this user's own lock folder
     assert victim.read_text() == "keep me"
-    with atomic._lock(folder):
+    with atomic.locked(folder):
         other = atomic.open_lock(atomic.lock_name(folder))
         with pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

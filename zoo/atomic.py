@@ -229,8 +229,9 @@ def lock_name(path) -> str:
 
 
 @contextlib.contextmanager
-def _lock(path: Path):
-    """An exclusive lock for writers of `path`, shared by every process of this machine."""
+def locked(path):
+    """An exclusive lock for writers of `path`, shared by every process of this machine (held while in the
+    `with` block; the lock file lives in zoo's lock folder, never beside `path`)."""
     if os.name != "posix":
         from filelock import FileLock
 
@@ -296,7 +297,7 @@ def replace_folder(path, fill: Callable[[Path], None], ours: Callable[[Path], bo
     check_replaceable(path, ours, what, overwrite)
     check_parents(path, f"the {what}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(path):
+    with locked(path):
         check_replaceable(path, ours, what, overwrite)  # again: another writer may have come first
         for stale in _staging_siblings(path):  # only locked writers stage, so these are a dead one's
             shutil.rmtree(stale, ignore_errors=True)

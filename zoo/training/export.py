@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from zoo.atomic import check_parents, check_replaceable, check_writable_folder, lock_name, open_lock
+from zoo.atomic import check_parents, check_replaceable, check_writable_folder, lock_name, locked, open_lock
 from zoo.card import parse_target
 from zoo.release import is_release_folder, save_pretrained
 
@@ -141,13 +141,9 @@ def claim_run(trainer) -> None:
         if getattr(logger, "_version", 0) is None and hasattr(logger, "_get_next_version"):
             root = os.path.realpath(logger.root_dir)
             os.makedirs(root, exist_ok=True)
-            fd = open_lock(lock_name(root))
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            with locked(root):
                 logger._version = logger._get_next_version()
                 os.makedirs(logger.log_dir, exist_ok=True)  # taken: the next run's count starts above it
-            finally:
-                os.close(fd)
     folder = getattr(trainer.checkpoint_callback, "dirpath", None)
     if folder is None:
         trainer._zoo_run_lock = -1  # checkpoints go to the logger's own version folder

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.atomic import lock_name, open_lock, write_text_atomic
+from zoo.atomic import locked, write_text_atomic
 from zoo.training.timeline import read as read_timeline
 from zoo.training.timeline import time_to
 
@@ -169,22 +169,9 @@ def load(out) -> dict:
     return results
 
 
-@contextlib.contextmanager
-def _locked(out: Path):
-    """Writers of one results file take turns (a lock in zoo's lock folder, nothing beside the file)."""
-    import fcntl
-
-    fd = open_lock(lock_name(out))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def add_record(out, run: Run, record: dict, groups: Sequence[Group], command: str) -> None:
     """Put one run's record into the JSON: read, add, write, under the lock."""
-    with _locked(Path(out)):
+    with locked(Path(out)):
         results = load(out)
         results["runs"][run.key] = record
         save(out, results, groups, command)
