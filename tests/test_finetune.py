@@ -258,6 +258,24 @@ def test_evaluate_refuses_what_it_cannot_score(tmp_path):
         evaluate_text("gpt-tiny.shakespeare", tmp_path / "one.txt")
 
 
+def test_evaluate_json_never_replaces_what_it_did_not_write(tmp_path):
+    """--json is refused, before the model is read, inside a release folder and over another file."""
+    release = tmp_path / "rel"
+    zoo.create("gpt-tiny", vocab_size=8, context_length=8, embed_dim=8, depth=1, num_heads=1).save_pretrained(release)
+    config = (release / "config.json").read_bytes()
+    text = tmp_path / "t.txt"
+    text.write_text("abc" * 10)
+    for target, message in ((release / "config.json", "lies inside the release folder"),
+                            (tmp_path / "notes.json", "exists and is not a zoo evaluate result")):
+        if not target.exists():
+            target.write_text('{"mine": 1}')
+        before = target.read_bytes()
+        with pytest.raises(FileExistsError, match=message):
+            evaluate_command([str(release), str(text), "--json", str(target)])
+        assert target.read_bytes() == before
+    assert (release / "config.json").read_bytes() == config
+
+
 def test_evaluate_command_prints_and_writes_json(tmp_path, capsys):
     file = tmp_path / "t.txt"
     file.write_text(TEXT)

@@ -24,7 +24,9 @@ def evaluate_command(argv: list[str]) -> None:
     args = parser.parse_args(argv)
 
     if args.json:  # before the work, not after it
-        _check_json_path(args.json)
+        from zoo.training.check import json_output_path
+
+        json_output_path(args.json, _is_evaluation, "zoo evaluate", "a zoo evaluate result")
     from zoo.training.evaluate import evaluate_text
 
     result = evaluate_text(args.source, args.file, context_length=args.context_length, batch_size=args.batch_size,
@@ -39,9 +41,12 @@ def evaluate_command(argv: list[str]) -> None:
         write_json_atomic(args.json, result)
 
 
-def _check_json_path(path: str) -> None:
-    target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"--json {path} is a folder; expected a file to write the result to")
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"--json {path}: its folder {target.parent} does not exist")
+def _is_evaluation(path) -> bool:
+    """Whether the file holds what `zoo evaluate --json` writes."""
+    import json
+
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(result, dict) and {"loss", "perplexity", "bits_per_byte"} <= result.keys()

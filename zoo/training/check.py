@@ -88,6 +88,13 @@ def check_table_path(path, folders) -> Path:
     """`path` for `zoo check --json`, refused before anything is measured where writing the table would damage
     something: inside a release folder (one of `folders` or any other), a link, or over a file that is not a
     previous check table."""
+    return json_output_path(path, is_check_table, "zoo check", "a zoo check table", folders)
+
+
+def json_output_path(path, ours, command: str, what: str, folders=()) -> Path:
+    """`path` for a command's `--json` output, refused before any work where writing there would damage
+    something: inside a release folder (one of `folders` or any other), a link, a folder, or a file that
+    `ours` does not recognise as `what`, the command's own earlier output."""
     path = Path(path)
     target = Path(os.path.realpath(path))
     checked = {Path(os.path.realpath(f)) for f in folders}
@@ -97,12 +104,12 @@ def check_table_path(path, folders) -> Path:
             raise FileExistsError(f"--json {path} lies inside the release folder {parent}; writing the table there "
                                   "would change the release: choose a path outside it")
     if path.is_symlink():
-        raise FileExistsError(f"--json {path} is a symbolic link; zoo check writes its table only to a real path")
+        raise FileExistsError(f"--json {path} is a symbolic link; {command} writes only to a real path")
     if target.is_dir():
         raise IsADirectoryError(f"--json {path} is a folder; give a file name, e.g. {path / 'check.json'}")
-    if target.exists() and not is_check_table(target):
-        raise FileExistsError(f"--json {path} exists and is not a zoo check table; zoo check replaces only its own "
-                              "table: choose another path, or move the file away yourself")
+    if target.exists() and not ours(target):
+        raise FileExistsError(f"--json {path} exists and is not {what}; {command} replaces only its own "
+                              "output: choose another path, or move the file away yourself")
     check_parents(path, "--json")
     return path
 
