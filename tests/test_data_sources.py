@@ -302,3 +302,29 @@ def test_zoo_fit_trains_on_an_image_folder(tmp_path):
     assert fitted["label_names"] == ["cat", "dog"] and fitted["in_chans"] == 1 and fitted["input_size"] == [8, 8]
     head = [v for k, v in checkpoint["state_dict"].items() if k.endswith("head.weight")]
     assert head and head[0].shape[0] == 2
+
+
+@pytest.mark.parametrize("form", ["folder", "npz"])
+def test_arrays_whose_header_claims_petabytes_are_refused_from_the_header(tmp_path, form):
+    """A .npy header can declare any shape in a few bytes: refused before numpy allocates it."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                   "shape": (10**9, 1, 1000, 1000)})
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(3, dtype=np.int64))
+    if form == "folder":
+        path = tmp_path / "arrays"
+        path.mkdir()
+        (path / "x.npy").write_bytes(header.getvalue())
+        (path / "y.npy").write_bytes(labels.getvalue())
+    else:
+        path = tmp_path / "arrays.npz"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("x.npy", header.getvalue())
+            archive.writestr("y.npy", labels.getvalue())
+    data = NumpyArrays(path=str(path), kind="image")
+    with pytest.raises(ValueError, match=r"is truncated: its header declares 4,000,000,000,000,\d+ bytes"):
+        data.setup("fit")

@@ -96,28 +96,15 @@ def _token_ids(model: nn.Module, given: str, path: Path | None) -> torch.Tensor:
 def read_npy(path: Path) -> np.ndarray:
     """A numeric .npy array, its header checked (magic, dtype, size against the file and MAX_ARRAY_ELEMENTS)
     before its data is read; never unpickled."""
+    from zoo.data.files import npy_header
+
     with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read_header is None:
-                raise ValueError(f"format version {version[0]}.{version[1]}, zoo reads versions 1.0 and 2.0")
-            shape, _, dtype = read_header(f)
-        except (ValueError, EOFError) as e:
-            raise ValueError(f"{path} is not a readable .npy file: {str(e).splitlines()[0]}") from None
+        shape, dtype = npy_header(f, os.fstat(f.fileno()).st_size, path, MAX_ARRAY_ELEMENTS)
         if dtype.hasobject:
             raise ValueError(f"{path} holds Python objects (dtype {dtype}); zoo reads numeric arrays only, never "
                              "pickled data: save the numbers with np.save(path, array.astype(np.float32))")
-        count = math.prod(shape)
-        if count > MAX_ARRAY_ELEMENTS:
-            raise ValueError(f"{path} declares an array of shape {shape} ({count:,} values), more than the "
-                             f"{MAX_ARRAY_ELEMENTS:,} zoo reads as one input")
-        if count == 0:
+        if math.prod(shape) == 0:
             raise ValueError(f"{path} holds an empty array of shape {shape}")
-        need, have = f.tell() + count * dtype.itemsize, os.fstat(f.fileno()).st_size
-        if have < need:
-            raise ValueError(f"{path} is truncated: its header declares {need:,} bytes, the file holds {have:,}")
         f.seek(0)
         return np.load(f, allow_pickle=False)
 

@@ -12,6 +12,8 @@ the validation samples are held out (as MNIST's usual constants are).
 from __future__ import annotations
 
 import math
+import os
+import zipfile
 from functools import cached_property
 from pathlib import Path
 
@@ -23,6 +25,31 @@ from zoo.data.arrays import ArrayClassificationData, check_fraction
 from zoo.models.classifier import to_unit_range
 
 SPATIAL_DIMS = {"signal": 1, "image": 2, "volume": 3}
+
+
+def npy_header(file, size: int, where, max_elements: int | None = None) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an open .npy stream of `size` bytes declares, read before any of its data, and
+    refused in one line when it is not a .npy header, declares more than `max_elements` values, or more data
+    than the stream holds (a header can claim petabytes in a few bytes). Object arrays are left to the
+    caller, or to np.load(allow_pickle=False), to refuse."""
+    try:
+        version = np.lib.format.read_magic(file)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version[0]}.{version[1]}, zoo reads versions 1.0 and 2.0")
+        shape, _, dtype = read_header(file)
+    except (ValueError, EOFError) as e:
+        raise ValueError(f"{where} is not a readable .npy file: {str(e).splitlines()[0]}") from None
+    if not dtype.hasobject:
+        count = math.prod(shape)
+        if max_elements is not None and count > max_elements:
+            raise ValueError(f"{where} declares an array of shape {shape} ({count:,} values), more than the "
+                             f"{max_elements:,} zoo reads as one input")
+        need = file.tell() + count * dtype.itemsize
+        if size < need:
+            raise ValueError(f"{where} is truncated: its header declares {need:,} bytes, the file holds {size:,}")
+    return shape, dtype
 
 
 class YourData(ArrayClassificationData):
@@ -230,11 +257,17 @@ class NumpyArrays(YourData):
         return keys
 
     def _array(self, key: str) -> np.ndarray:
+        if self.path.is_dir():
+            with open(self.path / f"{key}.npy", "rb") as f:
+                return self._checked_load(f, os.fstat(f.fileno()).st_size, self.path / f"{key}.npy", key)
+        with zipfile.ZipFile(self.path) as archive, archive.open(f"{key}.npy") as f:
+            return self._checked_load(f, archive.getinfo(f"{key}.npy").file_size, f"{self.path}: {key}", key)
+
+    def _checked_load(self, file, size: int, where, key: str) -> np.ndarray:
+        npy_header(file, size, where)  # before numpy allocates what the header declares
+        file.seek(0)
         try:
-            if self.path.is_dir():
-                return np.load(self.path / f"{key}.npy", allow_pickle=False)
-            with np.load(self.path, allow_pickle=False) as arrays:
-                return arrays[key]
+            return np.load(file, allow_pickle=False)
         except ValueError as err:  # object arrays: reading them would unpickle
             raise ValueError(f"{self.path}: {key} could not be read without unpickling ({err}); "
                              "save plain numeric arrays") from None
