@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, locked, machine, print_table  # noqa: E402
-from zoo.atomic import write_text_atomic  # noqa: E402
+from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "capabilities.json"
 TINY_OUT = RESULTS / "capabilities_tiny.json"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from zoo.atomic import write_text_atomic
 from zoo.training.precision import cpu_flags  # noqa: F401  (the benchmarks report it)
+from zoo.utils.atomic import write_text_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

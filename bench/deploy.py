@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import zoo  # noqa: E402
 from bench.common import cpu_flags, print_table, timeit, timeit_rotation, write_json  # noqa: E402
 from zoo.models import decoding  # noqa: E402
-from zoo.onnx_export import export_onnx  # noqa: E402
+from zoo.release.onnx import export_onnx  # noqa: E402
 
 TEXT_MODELS = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny"]
 CONTEXT = 256
@@ -48,8 +48,8 @@ CONTEXT = 256
 def image_checkpoints() -> list[str]:
     names = []
     for name in zoo.list_models(pretrained=True):
-        if zoo.registry.entry(name).family != "text":
-            names += [f"{name}.{tag}" for tag in zoo.release.pretrained_tags(name)]
+        if zoo.models.registry.entry(name).family != "text":
+            names += [f"{name}.{tag}" for tag in zoo.models.registry.pretrained_tags(name)]
     return names
 
 

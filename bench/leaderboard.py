@@ -159,9 +159,10 @@ def ship(results: dict, pattern: str = "*") -> None:
 
     Only groups whose every seed has finished ship: a card gives the mean and spread of all its seeds.
     """
-    from zoo.atomic import replace_folder
-    from zoo.card import model_card
-    from zoo.release import CARD, CONFIG, is_release_folder, load_release
+    from zoo.models.card import model_card
+    from zoo.models.pretrained import load_release
+    from zoo.models.release_files import CARD, CONFIG, is_release_folder
+    from zoo.utils.atomic import replace_folder
 
     by_cell = {(c["group"], c["model"]): c for c in results.get("cells", [])}
     for g in GROUPS:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from zoo.data import MQAR, InductionHeads, ListOps, LongContextText, PixelMNIST, SelectiveCopying, synthetic
 from zoo.data.sequences import IGNORE, encode_chars
-from zoo.tokenizer import CharTokenizer
+from zoo.models.tokenizer import CharTokenizer
 from zoo.training.sequence import SequenceTask, position_buckets
 
 from .conftest import data_root

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.training.check import check, shipped_folders
+from zoo.release.check import check, shipped_folders
 
 from .conftest import data_root
 

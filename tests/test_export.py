@@ -22,8 +22,8 @@ from zoo.attention import native
 from zoo.models import decoding
 
 NAMES = zoo.list_models()
-CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.release.pretrained_tags(n)]
-TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.registry.entry(c.split(".")[0]).family == "text"]
+CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.models.registry.pretrained_tags(n)]
+TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.models.registry.entry(c.split(".")[0]).family == "text"]
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -256,7 +256,7 @@ def test_zoo_export_onnx_refusals(tmp_path, monkeypatch, capsys):
         assert not (tmp_path / "y").exists() and list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     # a check that fails writes nothing either, and an existing export is replaced only with --overwrite
-    from zoo.onnx_export import export_onnx
+    from zoo.release.onnx import export_onnx
 
     with pytest.raises(ValueError, match="more than the tolerance"):
         export_onnx(zoo.load("vit-tiny.mnist"), tmp_path / "z", tolerance=0.0)
@@ -290,7 +290,7 @@ def test_aot_compiled_step_decodes_generates_tokens(tmp_path):
 
 
 def test_onnx_export_of_a_model_with_nan_writes_nothing(tmp_path):
-    from zoo.onnx_export import OnnxExportError, export_onnx
+    from zoo.release.onnx import OnnxExportError, export_onnx
 
     model = zoo.create("vit-tiny").eval()
     with torch.no_grad():
@@ -319,7 +319,7 @@ def test_two_processes_exporting_to_one_folder_take_turns(tmp_path):
     for run in runs:
         _, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-2000:]
-    from zoo.onnx_export import is_onnx_folder
+    from zoo.release.onnx import is_onnx_folder
 
     assert is_onnx_folder(tmp_path / "out") and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     check_onnx_folder("vit-tiny.mnist", tmp_path / "out")

@@ -18,7 +18,7 @@ import torch
 import zoo
 from zoo.cli.evaluate import evaluate_command
 from zoo.data import CharText
-from zoo.tokenizer import BPETokenizer, CharTokenizer
+from zoo.models.tokenizer import BPETokenizer, CharTokenizer
 from zoo.training import ClassificationTask, LanguageModelTask, task_class
 from zoo.training.evaluate import evaluate_text
 from zoo.training.finetune import freeze, layer_decay_groups, layer_ids

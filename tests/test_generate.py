@@ -11,7 +11,7 @@ import torch
 
 import zoo
 from zoo.attention import KVCache, build
-from zoo.tokenizer import CharTokenizer
+from zoo.models.tokenizer import CharTokenizer
 
 CAUSAL = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "clipped-gpt-tiny", "gated-gpt-tiny"]
 PROMPTS = [[5, 17, 3, 9, 22, 40, 1], [7], [11, 12, 13]]

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import zoo
-from zoo.hub import push, validate_repo_id
+from zoo.models.hub import validate_repo_id
+from zoo.release.push import push
 
 olah = pytest.importorskip("olah", reason="the Hub tests need olah (pip install -e '.[dev]')")
 
@@ -239,7 +240,7 @@ def test_push_cli_never_prints_the_token(tmp_path):
 def test_real_upload_round_trip(tmp_path):
     repo = os.environ["ZOO_HUB_TEST_REPO"]
     model = zoo.create("fused-1d-tiny").eval()
-    code = "import sys; from zoo.hub import push; print(push(sys.argv[1], sys.argv[2]))"
+    code = "import sys; from zoo.models.hub import push; print(push(sys.argv[1], sys.argv[2]))"
     env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
     subprocess.run([sys.executable, "-c", code, str(model.save_pretrained(tmp_path / "m")), repo], env=env,
                    check=True, timeout=600)

@@ -72,7 +72,7 @@ def test_release_round_trip_is_bit_exact(name, tmp_path):
 
 
 def test_card_is_written_from_config_alone(tmp_path):
-    from zoo.card import rewrite_card
+    from zoo.models.pretrained import rewrite_card
 
     folder = zoo.create("fused-1d-tiny").save_pretrained(
         tmp_path / "m", extra={"metrics": {"test/acc": 0.95}, "training": {
@@ -84,7 +84,7 @@ def test_card_is_written_from_config_alone(tmp_path):
     (folder / "README.md").write_text("stale")
     rewrite_card(folder)
     assert (folder / "README.md").read_text() == card
-    from zoo.card import _target
+    from zoo.models.card import _target
 
     assert _target("test/auroc >= 0.83", {"test/auroc": 0.824}).endswith("**missed** by 0.60 points (0.824).")
     assert _target("val/loss <= 1.88 (x)", {"val/loss": 1.9}).endswith("**missed** by 0.02 (1.9).")
@@ -113,7 +113,7 @@ def test_card_says_how_many_seeds_met_the_target(tmp_path):
         "metrics": {"val/loss": 1.7}, "leaderboard": board,
         "training": {"target": "val/loss <= 1.95", "data": {"name": "T", "hub_id": None, "splits": "s"}}})
     assert "Every seed meets the target (val/loss <= 1.95)." in (folder / "README.md").read_text()
-    from zoo.card import _seeds_against
+    from zoo.models.card import _seeds_against
 
     assert _seeds_against(dict(board, values=[], seeds=[]), "val/loss <= 1.95") == ""  # nothing to count
 
@@ -290,7 +290,7 @@ def test_generate_sampling_is_seeded_and_text_round_trips():
 
 def test_bpe_tokenizer_round_trips_and_travels_with_the_model(tmp_path):
     pytest.importorskip("tokenizers", reason="the BPE option needs the tokenizers library (zoo[bpe])")
-    from zoo.tokenizer import BPETokenizer
+    from zoo.models.tokenizer import BPETokenizer
 
     corpus = "to be or not to be, that is the question\n" * 50
     tok = BPETokenizer.from_text(corpus, vocab_size=300)

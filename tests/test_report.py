@@ -35,7 +35,7 @@ def chromium():
 @pytest.mark.slow  # 36 s: Chromium renders the whole page
 def test_report_page_in_a_real_browser(tmp_path):
     from zoo.cli import main
-    from zoo.training.check import shipped_folders
+    from zoo.release.check import shipped_folders
 
     main(["report", "--out", str(tmp_path / "report"), "--bench", str(REPO / "bench" / "results"),
           *(["--data-root", str(data_root())] if data_root() else [])])
@@ -64,7 +64,7 @@ def test_report_page_in_a_real_browser(tmp_path):
 
 
 def test_report_never_replaces_a_users_folder(tmp_path):
-    from zoo.report import is_report_folder
+    from zoo.release.report import is_report_folder
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "index.html").write_text("<p>my page</p>")

@@ -106,7 +106,7 @@ def test_export_refuses_the_folder_that_holds_its_checkpoint(tmp_path):
 
 
 def test_fit_refuses_an_export_folder_that_is_or_holds_the_run(tmp_path):
-    from zoo.training.export import ExportRelease
+    from zoo.release.callback import ExportRelease
 
     root = tmp_path / "R"
     trainer = SimpleNamespace(default_root_dir=str(root), log_dir=str(root / "lightning_logs" / "version_0"),
@@ -121,14 +121,14 @@ def test_fit_refuses_an_export_folder_that_is_or_holds_the_run(tmp_path):
 def test_a_failure_at_any_step_of_a_save_keeps_the_old_release_and_leaves_nothing(tmp_path, monkeypatch):
     import safetensors.torch
 
-    import zoo.atomic
+    import zoo.utils.atomic
 
     folder = marked(1.0).save_pretrained(tmp_path / "m")
 
     def boom(*args, **kwargs):
         raise OSError("injected fault")
 
-    faults = [(Path, "write_text"), (safetensors.torch, "save_model"), (zoo.atomic, "_exchange")]
+    faults = [(Path, "write_text"), (safetensors.torch, "save_model"), (zoo.utils.atomic, "_exchange")]
     for owner, name in faults:
         with monkeypatch.context() as mp:
             mp.setattr(owner, name, boom)
@@ -370,7 +370,7 @@ def test_parameter_count_before_allocation_is_exact():
     from zoo.models.arguments import parameter_count
 
     for name in ("vit-tiny", "gpt-tiny", "elita-gpt-tiny", "fused-3d-tiny", "quiet-vit-small"):
-        e = zoo.registry.entry(name)
+        e = zoo.models.registry.entry(name)
         built = sum(p.numel() for p in zoo.create(name).parameters())
         assert parameter_count(e.cls, e.kwargs) == built, name
 
@@ -590,7 +590,7 @@ def test_non_finite_weights_are_refused(release):
 
 
 def test_text_is_never_written_onto_a_folder(tmp_path):
-    from zoo.atomic import write_text_atomic
+    from zoo.utils.atomic import write_text_atomic
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "kept").write_text("mine")

@@ -17,8 +17,8 @@ import torch
 
 import zoo
 from zoo.attention import build, softmax_one
+from zoo.models.tokenizer import CharTokenizer, tokenizer_from_dict
 from zoo.quantization import W8A8
-from zoo.tokenizer import CharTokenizer, tokenizer_from_dict
 
 REFUSED = (ValueError, TypeError)
 
@@ -64,7 +64,7 @@ def test_char_decode_reads_lists_arrays_and_tensors_alike():
 
 def test_bpe_decode_refuses_ids_outside_the_vocabulary():
     pytest.importorskip("tokenizers")
-    from zoo.tokenizer import BPETokenizer
+    from zoo.models.tokenizer import BPETokenizer
 
     bpe = BPETokenizer.from_text("the cat sat on the mat " * 20, vocab_size=280)
     assert bpe.decode(bpe.encode("the mat")) == "the mat"

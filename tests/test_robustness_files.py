@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import zoo
-from zoo import atomic
 from zoo.cli import main
-from zoo.release import checkpoint_folder
+from zoo.models.registry import checkpoint_folder
+from zoo.utils import atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 QS = ["--config", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.max_epochs", "1",
@@ -65,7 +65,7 @@ def test_check_json_refuses_a_release_folder_and_foreign_files(tmp_path):
     assert snapshot(tmp_path) == before
     zoo.load(rel)  # the release still loads
 
-    from zoo.training.check import check_table_path
+    from zoo.release.check import check_table_path
 
     previous = tmp_path / "table.json"
     previous.write_text(json.dumps([{"release": "r", "metric": "test/acc", "ok": True}]))
@@ -200,7 +200,7 @@ def test_runs_claimed_together_get_their_own_versions_and_release_their_lock(tmp
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from zoo.training.export import claim_run, release_run
+    from zoo.training.runs import claim_run, release_run
 
     def trainer(ckdir):
         return L.Trainer(default_root_dir=tmp_path, logger=CSVLogger(tmp_path), enable_progress_bar=False,
@@ -270,7 +270,8 @@ def test_export_to_dot_in_an_empty_folder_works(tmp_path, monkeypatch):
 
 
 def test_fit_refuses_an_export_folder_or_root_through_a_file_before_training(tmp_path):
-    from zoo.training.export import ExportRelease, claim_run
+    from zoo.release.callback import ExportRelease
+    from zoo.training.runs import claim_run
 
     (tmp_path / "f.txt").write_text("notes")
     trainer = L.Trainer(default_root_dir=tmp_path / "root", logger=False, enable_checkpointing=False)
@@ -285,7 +286,7 @@ def test_fit_refuses_an_export_folder_or_root_through_a_file_before_training(tmp
 
 @pytest.mark.skipif(AS_ROOT, reason="root writes into read-only folders")
 def test_a_read_only_export_parent_is_refused_before_training(tmp_path):
-    from zoo.training.export import ExportRelease
+    from zoo.release.callback import ExportRelease
 
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
@@ -378,7 +379,7 @@ def test_export_refuses_a_checkpoint_with_nan_weights(tmp_path):
 
 
 def test_check_caps_workers_and_refuses_missing_data_without_touching_the_root(tmp_path, capsys):
-    from zoo.training.check import cores, datamodule_for
+    from zoo.release.check import cores, datamodule_for
 
     config = json.loads((checkpoint_folder("micro-vit-tiny.mnist") / "config.json").read_text())
     config["training"]["data"]["init_args"]["num_workers"] = 64

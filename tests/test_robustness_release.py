@@ -46,7 +46,7 @@ def test_a_deeply_nested_config_is_refused_in_one_line(release):
     config.write_text(json.dumps({"format_version": 1, "x": nested}))
     with pytest.raises(ValueError, match=r"nests its JSON 33 levels deep at x\[0\]"):
         zoo.load(release)
-    assert not zoo.release.is_release_folder(release)
+    assert not zoo.models.release_files.is_release_folder(release)
 
 
 def test_a_5000_digit_integer_in_config_is_refused_naming_the_field(release):
@@ -116,7 +116,8 @@ def test_a_6_gib_weights_file_is_judged_by_its_header_and_only_fitting_tensors_a
     with open(weights, "wb") as f:
         f.write(safetensors_header(header) + body)
         f.truncate(f.tell() + 6 * GIB)  # sparse: no disk, no memory
-    monkeypatch.setattr(zoo.release, "read_tensors", lambda *a: pytest.fail("tensor data read before the refusal"))
+    monkeypatch.setattr(zoo.models.pretrained, "read_tensors",
+                        lambda *a: pytest.fail("tensor data read before the refusal"))
     with pytest.raises(ValueError, match=r"unexpected \(1\): huge") as err:
         zoo.load(release)
     assert "missing" not in str(err.value) and "shape mismatch" not in str(err.value)

@@ -160,7 +160,7 @@ def fake_hub(monkeypatch, tmp_path):
     it records every request (method, path, Range)."""
     import huggingface_hub.constants as constants
 
-    import zoo.hub
+    import zoo.models.hub
 
     hub = {"sha": SHA, "files": {}, "mode": "hub", "requests": []}
 
@@ -215,7 +215,7 @@ def fake_hub(monkeypatch, tmp_path):
     server, endpoint = serve(Handler)
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(zoo.hub, "TIMEOUT", 0.5)
+    monkeypatch.setattr(zoo.models.hub, "TIMEOUT", 0.5)
     hub["endpoint"] = endpoint
     yield hub
     server.shutdown()
@@ -291,7 +291,7 @@ def test_nothing_listening_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(ConnectionError, match=f"the Hub at {endpoint} cannot be reached") as err:
         zoo.load("hf-hub:org/repo", cache_dir=tmp_path / "cache")
     one_line(err.value)
-    from zoo.hub import check_hub
+    from zoo.release.push import check_hub
 
     with pytest.raises(ConnectionError, match="cannot be reached"):
         check_hub(what="export.push_to")
@@ -400,7 +400,7 @@ def test_timm_never_fetches_a_pickle(tmp_path, fake_hub):
         timm.create_model("fused_2d_tiny", pretrained=True, pretrained_cfg_overlay=overlay)
     one_line(err.value)
     assert fake_hub["requests"] == []
-    # an hf_hub_id goes through zoo.hub, whose checks apply: a commit id that is a path is refused first
+    # an hf_hub_id goes through zoo.models.hub, whose checks apply: a commit id that is a path is refused first
     fake_hub["files"], fake_hub["sha"] = release_bytes(tmp_path, "fused-2d-tiny"), "../../x"
     with pytest.raises(ValueError, match="not 40 hexadecimal digits"):
         timm.create_model("fused_2d_tiny", pretrained=True, cache_dir=tmp_path / "cache",

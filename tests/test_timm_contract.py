@@ -19,13 +19,13 @@ import torch
 
 import zoo
 from tests.conftest import data_root
-from zoo.registry import in_timm
-from zoo.timm_models import timm_name
+from zoo.models.registry import in_timm
+from zoo.release.timm_models import timm_name
 
 TIMM_TESTS = Path(os.environ.get("ZOO_TIMM_TESTS", Path.home() / ".cache" / "zoo" / f"timm-{timm.__version__}-tests"))
-ZOO_ENTRIES = [e for e in zoo.registry._entries().values() if in_timm(e)]
+ZOO_ENTRIES = [e for e in zoo.models.registry._entries().values() if in_timm(e)]
 NAMES = [timm_name(e.name) for e in ZOO_ENTRIES]
-TAGGED = [f"{timm_name(n)}.{t}" for n in (e.name for e in ZOO_ENTRIES) for t in zoo.release.pretrained_tags(n)]
+TAGGED = [f"{timm_name(n)}.{t}" for n in (e.name for e in ZOO_ENTRIES) for t in zoo.models.registry.pretrained_tags(n)]
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,9 @@ def test_every_image_model_and_checkpoint_is_in_timms_registry():
     assert set(TAGGED) == set(timm.list_pretrained("*")) & {t for t in TAGGED}
     assert len(TAGGED) == 9  # 8 ViT checkpoints (4 attentions x MNIST/Fashion) and fused-2d-tiny.mnist
     for name in NAMES:  # the default tag is timm's default: zoo.load(name) and create_model(name) agree
-        default = zoo.registry.entry(name.replace("_", "-")).default_tag
-        if zoo.release.pretrained_tags(name.replace("_", "-")):
-            assert timm.models.get_pretrained_cfg(name).tag == (default or zoo.release.pretrained_tags(
+        default = zoo.models.registry.entry(name.replace("_", "-")).default_tag
+        if zoo.models.registry.pretrained_tags(name.replace("_", "-")):
+            assert timm.models.get_pretrained_cfg(name).tag == (default or zoo.models.registry.pretrained_tags(
                 name.replace("_", "-"))[0])
 
 
@@ -248,7 +248,7 @@ def test_pretrained_first_layer_adapted_to_three_channels(name):
 def test_pretrained_cfg_overlay_takes_another_file():
     """timm's pretrained_cfg_overlay points the default config at other weights: the Fashion checkpoint's,
     whose own config.json then gives the model its preprocessing and label names."""
-    fashion = zoo.release.checkpoint_folder("vit-tiny.fashion") / "model.safetensors"
+    fashion = zoo.models.registry.checkpoint_folder("vit-tiny.fashion") / "model.safetensors"
     model = timm.create_model("vit_tiny", pretrained=True, pretrained_cfg_overlay={"file": str(fashion)}).eval()
     reference = zoo.load("vit-tiny.fashion")
     x = torch.rand(2, 1, 28, 28)

@@ -67,7 +67,7 @@ def bicubic_resample(pos_embed, old, new, prefix):
 @pytest.mark.parametrize("img_size", [35, 21])  # a 4x4 grid of 7-pixel patches to 5x5 and 3x3
 def test_load_at_another_img_size_resamples_positions(img_size, caplog):
     stored = zoo.load("vit-tiny.mnist")
-    with caplog.at_level(logging.INFO, logger="zoo.release"):
+    with caplog.at_level(logging.INFO, logger="zoo.models.pretrained"):
         model = zoo.load("vit-tiny.mnist", img_size=img_size)
     grid = img_size // 7
     assert f"pos_embed resampled from a 4x4 grid of patches to {grid}x{grid}" in caplog.text

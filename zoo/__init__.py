@@ -16,11 +16,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "attention": ("zoo.attention", None),
     "models": ("zoo.models", None),
-    "list_models": ("zoo.registry", "list_models"),
-    "create": ("zoo.registry", "create"),
-    "load": ("zoo.release", "load"),
-    "save_pretrained": ("zoo.release", "save_pretrained"),
-    "CharTokenizer": ("zoo.tokenizer", "CharTokenizer"),
+    "list_models": ("zoo.models.registry", "list_models"),
+    "create": ("zoo.models.registry", "create"),
+    "load": ("zoo.models.pretrained", "load"),
+    "save_pretrained": ("zoo.models.pretrained", "save_pretrained"),
+    "CharTokenizer": ("zoo.models.tokenizer", "CharTokenizer"),
 }
 
 
@@ -38,4 +38,4 @@ def __dir__():
     return sorted([*globals(), *_LAZY])
 
 
-from zoo import _timm_hook  # noqa: E402,F401  (registers the image models with timm once timm is imported)
+from zoo.release import timm_hook  # noqa: E402,F401  (registers the image models with timm once timm is imported)

@@ -14,15 +14,16 @@ from __future__ import annotations
 from torch import nn
 
 from zoo.attention.attend import attend
-from zoo.attention.checks import shown
 from zoo.attention.clipped import ClippedSoftmaxAttention, clipped_softmax
 from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
 from zoo.attention.fused import FusedAttention
 from zoo.attention.gated import GatedAttention
+from zoo.attention.incontext import InContextAttention, InContextState
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
 from zoo.attention.swap import MIXERS, MultiheadAdapter, TimmAttention, swap
+from zoo.utils.checks import shown
 
 # every mechanism by name: the token mixers, and FusedAttention, which pools a sequence into one vector
 MECHANISMS: dict[str, type[nn.Module]] = {**MIXERS, "fused": FusedAttention}
@@ -36,7 +37,7 @@ def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -
     """Build the attention mechanism `name` (one of MECHANISMS); extra kwargs go to its class.
 
     Args:
-        name: the mechanism, one of "softmax", "quiet", "clipped", "gated", "micro", "elita", "fused"
+        name: the mechanism, one of "softmax", "quiet", "clipped", "gated", "micro", "elita", "incontext", "fused"
             (the keys of MECHANISMS); anything else is a ValueError naming them.
         dim: the token width, an int >= 1 divisible by `heads`; inputs are (batch, length, dim).
         heads: the number of heads, an int >= 1 (default 1).
@@ -61,6 +62,8 @@ __all__ = [
     "MECHANISMS",
     "ClippedSoftmaxAttention",
     "GatedAttention",
+    "InContextAttention",
+    "InContextState",
     "clipped_softmax",
     "ElitaAttention",
     "ElitaState",

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from zoo.attention.checks import number
 from zoo.attention.normalizers import clipped_softmax as clipped_softmax  # re-exported: it lives below the mechanisms
 from zoo.attention.softmax import SoftmaxAttention
+from zoo.utils.checks import number
 
 
 class ClippedSoftmaxAttention(SoftmaxAttention):

@@ -45,7 +45,7 @@ from torch import nn
 import zoo.attention.blocks as blocks
 import zoo.attention.native as native
 from zoo.attention.attend import autocast_off, refuse_attn_mask
-from zoo.attention.checks import (
+from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
     check_state,

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from zoo.attention.attend import attend
-from zoo.attention.checks import check_heads, check_padding_mask, check_tokens, flag, shown, zero_padding
 from zoo.attention.quiet import softmax_one
+from zoo.utils.checks import check_heads, check_padding_mask, check_tokens, flag, shown, zero_padding
 
 NORMS: dict[str, Callable] = {"softmax": torch.softmax, "softmax_one": softmax_one}
 FUSES = ("mean", "max", "learned")

@@ -17,8 +17,8 @@ import math
 import torch
 from torch import nn
 
-from zoo.attention.checks import number
 from zoo.attention.softmax import SoftmaxAttention
+from zoo.utils.checks import number
 
 
 class GatedAttention(SoftmaxAttention):

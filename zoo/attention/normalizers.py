@@ -16,7 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 import zoo.attention.native as native
-from zoo.attention.checks import check_data
+from zoo.utils.checks import check_data
 
 
 def _forward_eager(x: torch.Tensor, dim: int) -> torch.Tensor:

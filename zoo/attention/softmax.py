@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention.attend import attend, check_attn_mask
-from zoo.attention.checks import (
+from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
     check_state,

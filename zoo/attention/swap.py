@@ -5,10 +5,11 @@ of nn.TransformerEncoderLayer and nn.TransformerDecoderLayer) and zoo's own toke
 model. The new layer is called as the old one was: timm's `attn(x, attn_mask=..., is_causal=...)` goes
 straight to it (zoo's layers take both), and nn.MultiheadAttention's signature through MultiheadAdapter.
 
-softmax, quiet, clipped and gated share q, k, v and the output projection (`qkv`, `proj`, of the shapes
-timm's Attention has and nn.MultiheadAttention's in_proj / out_proj hold), so those weights are kept:
-swapping to softmax leaves the outputs unchanged. micro and elita have none of them and start from fresh
-weights. Each swapped module is logged (zoo.attention.swap, INFO), the fresh ones in one WARNING.
+softmax, quiet, clipped, gated and incontext share q, k, v and the output projection (`qkv`, `proj`, of
+the shapes timm's Attention has and nn.MultiheadAttention's in_proj / out_proj hold), so those weights are
+kept: swapping to softmax (or to incontext, whose position tables start at zero) leaves the outputs
+unchanged. micro and elita have none of them and start from fresh weights. Each swapped module is logged
+(zoo.attention.swap, INFO), the fresh ones in one WARNING.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import logging
 import torch
 from torch import nn
 
-from zoo.attention.checks import flag, shown
 from zoo.attention.clipped import ClippedSoftmaxAttention
 from zoo.attention.elita import ElitaAttention
 from zoo.attention.gated import GatedAttention
+from zoo.attention.incontext import InContextAttention
 from zoo.attention.micro import MicroAttention
 from zoo.attention.quiet import QuietAttention
 from zoo.attention.softmax import SoftmaxAttention
+from zoo.utils.checks import flag, shown
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,10 @@ MIXERS: dict[str, type[nn.Module]] = {
     "gated": GatedAttention,
     "micro": MicroAttention,
     "elita": ElitaAttention,
+    "incontext": InContextAttention,
 }
-ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention)
+ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention, InContextAttention)
+QKV_MIXERS = (SoftmaxAttention, InContextAttention)  # those with timm's qkv and proj: their weights carry over
 
 
 class TimmAttention(nn.Module):
@@ -157,10 +161,10 @@ def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
     to keep or None, and notes on what does not carry over."""
     if isinstance(old, ZOO_MIXERS):
         args = {"dim": old.dim, "heads": old.heads, "causal": old.causal}
-        if not isinstance(old, SoftmaxAttention):
+        if not isinstance(old, QKV_MIXERS):
             return args, None, [f"{type(old).__name__} has no q, k, v"]
         args.update(bias=old.qkv.bias is not None, dropout=old.dropout)
-        if old.attn_bias is not None:
+        if getattr(old, "attn_bias", None) is not None:
             args.update(max_len=old.max_len, learned_bias=True)
         notes = ["its gates are dropped"] if isinstance(old, GatedAttention) else []
         return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
@@ -192,8 +196,11 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
     """The module to put in old's place, whether it kept old's weights, and notes for the log."""
     args, weights, notes = _shape(old, name)
     cls = MIXERS[mechanism]
-    if not issubclass(cls, SoftmaxAttention):
+    if not issubclass(cls, QKV_MIXERS):
         args = {key: args[key] for key in ("dim", "heads", "causal")}
+    elif cls is InContextAttention and args.pop("learned_bias", False):
+        del args["max_len"]
+        notes.append("its learned bias is dropped")
     args.update(options)
     if cls is ElitaAttention and args["causal"] is False:
         raise ValueError(f"swap: elita is causal only and {name or 'the model'} attends both ways; pass causal=True "
@@ -203,7 +210,7 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
     if param is not None:
         new = new.to(device=param.device, dtype=param.dtype)
     new.train(old.training)
-    kept = weights is not None and isinstance(new, SoftmaxAttention)
+    kept = weights is not None and isinstance(new, QKV_MIXERS)
     if kept:
         qkv_weight, qkv_bias, proj_weight, proj_bias = weights
         with torch.no_grad():
@@ -214,8 +221,9 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
                 elif linear.bias is not None:  # a bias the old layer lacked is zero, which it was
                     linear.bias.zero_()
             old_bias = getattr(old, "attn_bias", None)
-            if new.attn_bias is not None and old_bias is not None and old_bias.shape == new.attn_bias.shape:
-                new.attn_bias.copy_(old_bias)
+            new_bias = getattr(new, "attn_bias", None)
+            if new_bias is not None and old_bias is not None and old_bias.shape == new_bias.shape:
+                new_bias.copy_(old_bias)
         if isinstance(new, GatedAttention) and not isinstance(old, GatedAttention):
             notes.append("its gates are new")
     elif weights is not None:
@@ -233,7 +241,7 @@ def swap(model: nn.Module, mechanism: str, **options) -> nn.Module:
     Args:
         model: a module holding timm ViT attention (timm.layers.Attention), nn.MultiheadAttention (as in
             nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or one of them itself.
-        mechanism: softmax, quiet, clipped, gated, micro or elita.
+        mechanism: softmax, quiet, clipped, gated, micro, elita or incontext.
         **options (Any): arguments for the mechanism's class (e.g. alpha for clipped, num_queries for micro,
             causal=True for elita in a bidirectional model); heads, causal, bias and dropout default to the
             old module's.

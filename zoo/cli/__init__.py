@@ -45,7 +45,8 @@ COMMANDS = {**{name: ("zoo.cli.lightning", "run_lightning") for name in LIGHTNIN
             "export": ("zoo.cli.export", "export_command"), "push": ("zoo.cli.push", "push_command"),
             "check": ("zoo.cli.check", "check_command"), "generate": ("zoo.cli.generate", "generate_command"),
             "evaluate": ("zoo.cli.evaluate", "evaluate_command"), "viz": ("zoo.cli.viz", "viz_command"),
-            "report": ("zoo.report", "report_command"), "leaderboard": ("zoo.cli.leaderboard", "leaderboard_command"),
+            "report": ("zoo.cli.report", "report_command"),
+            "leaderboard": ("zoo.cli.leaderboard", "leaderboard_command"),
             "build-kernels": ("zoo.cli.kernels", "build_kernels_command")}
 
 
@@ -59,9 +60,9 @@ def usage() -> str:
 
 
 def version() -> str:
-    import zoo
+    from zoo import __version__
 
-    return f"attention-zoo {zoo.__version__} (import name zoo)"
+    return f"attention-zoo {__version__} (import name zoo)"
 
 
 def main(argv: list[str] | None = None) -> None:

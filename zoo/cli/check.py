@@ -17,8 +17,8 @@ def check_command(argv: list[str]) -> None:
     parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args(argv)
 
-    from zoo.release import checkpoint_folder
-    from zoo.training.check import check, check_table_path, prepared_data, shipped_folders
+    from zoo.models.registry import checkpoint_folder
+    from zoo.release.check import check, check_table_path, prepared_data, shipped_folders
 
     folders = [Path(s) if Path(s).is_dir() else checkpoint_folder(s) for s in args.sources] or shipped_folders()
     if args.json:
@@ -31,7 +31,7 @@ def check_command(argv: list[str]) -> None:
             print(f"{folder.name:34s} {row['metric']:14s} card {row['card']:<9} measured {row['measured']:<9} "
                   f"diff {row['diff_points']:.3f} points  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
     if args.json:
-        from zoo.release import write_json_atomic
+        from zoo.utils.atomic import write_json_atomic
 
         write_json_atomic(args.json, rows)
     bad = [r for r in rows if not r["ok"]]

@@ -24,7 +24,7 @@ def evaluate_command(argv: list[str]) -> None:
     args = parser.parse_args(argv)
 
     if args.json:  # before the work, not after it
-        from zoo.training.check import json_output_path
+        from zoo.release.check import json_output_path
 
         json_output_path(args.json, _is_evaluation, "zoo evaluate", "a zoo evaluate result")
     from zoo.training.evaluate import evaluate_text
@@ -36,7 +36,7 @@ def evaluate_command(argv: list[str]) -> None:
           f"loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}, "
           f"bits per byte {result['bits_per_byte']:.4f}")
     if args.json:
-        from zoo.release import write_json_atomic
+        from zoo.utils.atomic import write_json_atomic
 
         write_json_atomic(args.json, result)
 

@@ -28,16 +28,17 @@ def export_command(argv: list[str]) -> None:
     if looks_like_a_path and not args.source.startswith("hf-hub:") and not Path(args.source).exists():
         raise FileNotFoundError(f"no checkpoint file at {args.source} (nor a release folder)")
     if args.format == "release" and Path(args.source).is_file():
-        from zoo.training.export import export_checkpoint
+        from zoo.release.export import export_checkpoint
 
         path, metrics = export_checkpoint(args.source, args.outdir, args.config, overwrite=args.overwrite)
         print(f"exported {path}" + (f" with {metrics}" if metrics else ""))
         return
     if args.config:
         raise ValueError("--config measures a checkpoint's metrics for a release folder's card; it has no use here")
-    from zoo.onnx_export import export_onnx, is_onnx_folder
-    from zoo.release import checkpoint_folder, is_release_folder
-    from zoo.training.export import check_export_path, read_task, refuse_nonfinite
+    from zoo.models.registry import checkpoint_folder
+    from zoo.models.release_files import is_release_folder
+    from zoo.release.export import check_export_path, read_task, refuse_nonfinite
+    from zoo.release.onnx import export_onnx, is_onnx_folder
 
     ours, what = (is_onnx_folder, "ONNX export folder") if args.format == "onnx" else (is_release_folder,
                                                                                         "release folder")
@@ -53,9 +54,9 @@ def export_command(argv: list[str]) -> None:
         model = read_task(args.source).model
         refuse_nonfinite(model, args.source)
     else:
-        import zoo
+        from zoo.models.pretrained import load
 
-        model = zoo.load(args.source)
+        model = load(args.source)
     if args.format == "release":
         print(f"exported {model.save_pretrained(args.outdir, overwrite=args.overwrite)}")
         return

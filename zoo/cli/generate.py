@@ -16,9 +16,9 @@ def generate_command(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
 
-    import zoo
+    from zoo.models.pretrained import load
 
-    model = zoo.load(args.source)
+    model = load(args.source)
     if not callable(getattr(model, "generate", None)):
         raise ValueError(f"{args.source} ({type(model).__name__}) does not generate text; zoo generate "
                          "takes a language model (`zoo models '*gpt*' --pretrained` lists them)")

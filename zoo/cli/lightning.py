@@ -44,7 +44,7 @@ def run_lightning(args: list[str], run: bool = True):
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
 
-    from zoo.training.export import ExportRelease
+    from zoo.release.callback import ExportRelease
     from zoo.training.precision import Trainer
 
     class ZooCLI(LightningCLI):
@@ -59,7 +59,7 @@ def run_lightning(args: list[str], run: bool = True):
         def before_fit(self):
             # the run's checkpoint folder and logger version, claimed before the loggers make their folders:
             # two runs started at once on one root never share them
-            from zoo.training.export import claim_run
+            from zoo.training.runs import claim_run
 
             claim_run(self.trainer)
 

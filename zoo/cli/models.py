@@ -6,8 +6,7 @@ import argparse
 
 
 def models_command(argv: list[str]) -> None:
-    from zoo.registry import _entries, list_models
-    from zoo.release import pretrained_tags
+    from zoo.models.registry import _entries, list_models, pretrained_tags
 
     parser = argparse.ArgumentParser(prog="zoo models", description="List the registered models.")
     parser.add_argument("pattern", nargs="?", default="*", help="shell-style wildcard, e.g. 'micro-*'")

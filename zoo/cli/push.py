@@ -16,7 +16,7 @@ def push_command(argv: list[str]) -> None:
     parser.add_argument("--config", help="for a .ckpt: the recipe it was trained with, to measure metrics")
     args = parser.parse_args(argv)
 
-    from zoo.hub import push
+    from zoo.release.push import push
 
     url = push(args.source, args.repo, private=args.private, revision=args.revision, config=args.config)
     print(f"pushed {args.source} to {url}")

@@ -3,7 +3,7 @@ each as .npz, for samples of its own data or an input file.
 
 DIR gets the pictures of the model itself (filters, positions, its learned mask) and one
 folder per input, sample-0, sample-1, ..., with the pictures of its attention. The folder
-is built beside DIR and moved there whole (zoo/atomic.py), and only an absent or empty
+is built beside DIR and moved there whole (zoo/utils/atomic.py), and only an absent or empty
 folder, or one this command wrote (with --overwrite), is ever replaced.
 """
 
@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from zoo.atomic import marked_folder, replace_folder
+from zoo.release import check
+from zoo.utils.atomic import marked_folder, replace_folder
 
 MARKER = "viz.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -130,19 +131,6 @@ def read_image(path: Path):
         raise ValueError(f"{path} is not a readable image: {e}") from None
 
 
-def data_samples(config: dict, data_root, count: int) -> torch.Tensor:
-    """The first `count` inputs of the data the release was evaluated on (test split, prepared as in training),
-    from `data_root` as it is: nothing is downloaded."""
-    from zoo.training.check import datamodule_for
-
-    datamodule = datamodule_for(config, data_root)
-    if hasattr(datamodule, "download"):  # pictures read data that is there; they never fetch it
-        datamodule.download = False
-    datamodule.setup("test")
-    x = next(iter(datamodule.test_dataloader()))[0]
-    return x[:count]
-
-
 def _save(figure, numbers: dict, folder: Path, name: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -195,24 +183,25 @@ def viz_command(argv: list[str]) -> None:
     if args.samples < 1:
         raise ValueError(f"--samples must be at least 1, got {args.samples}")
 
-    import zoo
-    from zoo.atomic import check_replaceable
-    from zoo.release import CONFIG, checkpoint_folder
+    from zoo.models.pretrained import load
+    from zoo.models.registry import checkpoint_folder
+    from zoo.models.release_files import CONFIG
+    from zoo.utils.atomic import check_replaceable
 
     check_replaceable(args.out, is_viz_folder, "viz folder", args.overwrite)
-    model = zoo.load(args.source)
+    model = load(args.source)
     if args.input is not None:
         inputs = read_input(model, args.input)
     else:
         if args.source.startswith("hf-hub:"):
-            from zoo.hub import download
+            from zoo.models.hub import download
 
             folder = download(args.source)
         else:
             folder = Path(args.source) if Path(args.source).is_dir() else checkpoint_folder(args.source)
         config = json.loads((folder / CONFIG).read_text())
         try:
-            inputs = data_samples(config, args.data_root, args.samples)
+            inputs = check.data_samples(config, args.data_root, args.samples)
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{error}; or give an input with --input") from None
     path = write_pictures(model, inputs, args.out, args.source, args.overwrite)

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo.attention.checks import integer
 from zoo.data.arrays import ArrayClassificationData, check_fraction
 from zoo.models.classifier import to_unit_range
+from zoo.utils.checks import integer
 
 SPATIAL_DIMS = {"signal": 1, "image": 2, "volume": 3}
 

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, random_split
 
-from zoo.attention.checks import integer, shown
 from zoo.data.arrays import check_fraction
 from zoo.data.sampling import EpochSampler
 from zoo.data.text import FixedWindows, RandomWindows
 from zoo.data.vision import MNIST
-from zoo.tokenizer import CharTokenizer
+from zoo.models.tokenizer import CharTokenizer
+from zoo.utils.checks import integer, shown
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: the positions a task does not score
 # Seeds of the fixed sets, far above any training item's seed (seed * 1_000_003 + epoch * 100_003 + index)

@@ -19,8 +19,8 @@ import random
 
 import torch
 
-from zoo.attention.checks import flag, integer, number
 from zoo.data.sequences import IGNORE, SequenceData
+from zoo.utils.checks import flag, integer, number
 
 
 def noise_tokens(vocab_size: int, exclude: torch.Tensor, length: int, g: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from zoo.data.arrays import check_fraction
 from zoo.data.sampling import EpochSampler, epoch_generator
-from zoo.tokenizer import TOKENIZERS, describe, encode_text, tokenizer_from_dict
+from zoo.models.tokenizer import TOKENIZERS, describe, encode_text, tokenizer_from_dict
 
 
 class RandomWindows(Dataset):
@@ -187,14 +187,14 @@ def read_text(file: Path) -> str:
 
 def checkpoint_tokenizer(source: str):
     """The tokenizer of a language model checkpoint (read from its config.json; no weights are read)."""
-    from zoo.tokenizer import TOKENIZERS
-    from zoo.training.source import checkpoint_folder, is_checkpoint, read_folder_config
+    from zoo.models.pretrained import is_checkpoint, read_folder_config, source_folder
+    from zoo.models.tokenizer import TOKENIZERS
 
     if not is_checkpoint(source):
         raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)} (trained on the file) or a "
                          f"language model checkpoint (name.tag, a release folder, hf-hub:org/repo) whose tokenizer "
                          f"to use, got {source!r}")
-    saved = read_folder_config(checkpoint_folder(source))["args"].get("tokenizer")
+    saved = read_folder_config(source_folder(source))["args"].get("tokenizer")
     if saved is None:
         raise ValueError(f"tokenizer={source!r}: that checkpoint has no tokenizer (it is not a language model "
                          "that carries one)")

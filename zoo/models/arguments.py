@@ -16,7 +16,7 @@ import os
 import torch
 
 # The checkers live in the lowest layer, which checks its own arguments with them; the families import them here.
-from zoo.attention.checks import MAX_SIZE, flag, integer, number, shown  # noqa: F401
+from zoo.utils.checks import MAX_SIZE, flag, integer, number, shown  # noqa: F401
 
 MAX_PARAMETERS = 10**9  # 4 GB of float32 weights; raise with max_parameters= or $ZOO_MAX_PARAMETERS
 # Normalization constants: (x - mean) / std of inputs in [0, 1] must stay a finite float32 that is not

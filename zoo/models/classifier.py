@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from zoo.attention.checks import check_data, integer
+from zoo.utils.checks import check_data, integer
 
 
 def _is_pil(inputs) -> bool:

@@ -10,7 +10,7 @@ A few transformer blocks mix the tokens, FusedAttention pools them into one vect
 With `patch_output=True`, g_V maps the pooled vector back to one patch (C, p1, ..., pn),
 or one item's shape in the collection form, and the head reads that.
 
-The 2-D networks are timm models too (zoo/models/backbone.py, zoo/timm_models.py); their
+The 2-D networks are timm models too (zoo/models/backbone.py, zoo/release/timm_models.py); their
 feature levels are the embedded patches and each block's output.
 """
 
@@ -27,8 +27,8 @@ from zoo.models.arguments import classifier_arguments, flag, integer, transforme
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
 from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding
-from zoo.registry import register
-from zoo.release import Releasable
+from zoo.models.pretrained import Releasable
+from zoo.models.registry import register
 
 
 # The two functions below read input shapes, which symbolic tracing (torch.fx, timm's feature extraction) cannot

@@ -16,8 +16,8 @@ from zoo.models.arguments import classifier_arguments, flag, integer, transforme
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
 from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
-from zoo.registry import register
-from zoo.release import Releasable
+from zoo.models.pretrained import Releasable
+from zoo.models.registry import register
 
 POOLS = ("token", "avg", "fused")
 

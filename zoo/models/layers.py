@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, FeedForward2, build
-from zoo.attention.checks import shown
+from zoo.utils.checks import shown
 
 MLPS = ("mlp", "ffn2")
 POSITIONS = ("learned", "sincos", "none")

@@ -14,12 +14,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import KV_CACHED
-from zoo.attention.checks import check_data, check_padding_mask, shown
 from zoo.models.arguments import flag, integer, number, transformer_sizes
 from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, sincos_encoding
-from zoo.registry import register
-from zoo.release import Releasable
-from zoo.tokenizer import tokenizer_from_dict
+from zoo.models.pretrained import Releasable
+from zoo.models.registry import register
+from zoo.models.tokenizer import tokenizer_from_dict
+from zoo.utils.checks import check_data, check_padding_mask, shown
 
 
 class TextTransformer(Releasable, nn.Module):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
-import zoo
+from zoo.models.registry import create
 from zoo.training import finetune, optim
 from zoo.training.source import saved_config
 
@@ -46,7 +46,7 @@ def build_model(model_name: str, kwargs: dict, model_config: dict | None):
         return model_from_config(model_config)
     if is_checkpoint(model_name):
         return start_from(model_name, kwargs)
-    return zoo.create(model_name, **kwargs)
+    return create(model_name, **kwargs)
 
 
 class ClassificationTask(L.LightningModule):

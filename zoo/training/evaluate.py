@@ -29,7 +29,7 @@ def evaluate_text(source, file, context_length: int | None = None, batch_size: i
     byte (the summed loss in bits over the UTF-8 bytes of the predicted text, which makes tokenizers
     comparable), and the counts.
     """
-    from zoo.tokenizer import describe, encode_text
+    from zoo.models.tokenizer import describe, encode_text
 
     model, name = _model(source)
     if split not in SPLITS:
@@ -87,12 +87,12 @@ def _window_loss(model: nn.Module, rows: torch.Tensor) -> float:
 
 
 def _model(source) -> tuple[nn.Module, str]:
-    import zoo
+    from zoo.models.pretrained import load
 
     if isinstance(source, nn.Module):
         model, name = source, getattr(source, "model_name", None) or type(source).__name__
     elif isinstance(source, (str, os.PathLike)):
-        model, name = zoo.load(source), str(source)
+        model, name = load(source), str(source)
     else:
         raise TypeError(f"evaluate_text takes a language model or where to load one (name.tag, a release folder, "
                         f"hf-hub:org/repo), got {type(source).__name__}")

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 
-import zoo
-from zoo.tokenizer import BPETokenizer, describe
+from zoo.models.registry import create
+from zoo.models.tokenizer import BPETokenizer, describe
 from zoo.training import finetune, optim
 from zoo.training.source import is_checkpoint, model_from_config, saved_config, source_family, start_from
 
@@ -62,7 +62,7 @@ class LanguageModelTask(L.LightningModule):
                                  "(`zoo models '*gpt*' --pretrained` lists those with weights)")
             self.model = start_from(model_name, {**(data_info or {}), **overrides} if new_tokenizer else overrides)
         elif model_config is None:
-            self.model = zoo.create(model_name, **{**(data_info or {}), **overrides})
+            self.model = create(model_name, **{**(data_info or {}), **overrides})
         else:
             self.model = model_from_config(model_config)
         self.hparams.model_config = saved_config(self.model)

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.atomic import locked, write_text_atomic
 from zoo.training.timeline import read as read_timeline
 from zoo.training.timeline import time_to
+from zoo.utils.atomic import locked, write_text_atomic
 
 FIT = [sys.executable, "-m", "zoo.cli"]  # `zoo` of this interpreter, whatever `zoo` the PATH finds
 POLL_SECONDS = 1.0

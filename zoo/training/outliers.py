@@ -25,9 +25,9 @@ import json
 import lightning as L
 import torch
 
-from zoo.atomic import appendable_jsonl
 from zoo.quantization.outliers import ActivationStats
 from zoo.training.pictures import first_validation_inputs, zoo_model
+from zoo.utils.atomic import appendable_jsonl
 
 
 class TrackOutliers(L.Callback):

@@ -24,7 +24,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from zoo.atomic import check_writable_folder
+from zoo.utils.atomic import check_writable_folder
 
 
 def figure_to_array(figure) -> np.ndarray:

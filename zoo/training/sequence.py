@@ -14,8 +14,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-import zoo
 from zoo.data.sequences import IGNORE
+from zoo.models.registry import create
 from zoo.training import optim
 
 
@@ -63,7 +63,7 @@ class SequenceTask(L.LightningModule):
         lengths = info.pop("test_lengths", None)
         self.loss_by_position = bool(info.pop("loss_by_position", False))
         overrides = model_overrides or {}
-        self.model = zoo.create(model_name, **{**info, **overrides})
+        self.model = create(model_name, **{**info, **overrides})
         self.test_lengths = list(lengths or [self.model.context_length])
         check_reach(self.model, model_name, self.test_lengths, info.get("vocab_size"))
         self.sums = {}  # (stage, loader index) -> running sums of the measures

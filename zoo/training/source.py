@@ -12,51 +12,17 @@ from __future__ import annotations
 
 import inspect
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from zoo.models.pretrained import is_checkpoint, load, looks_like_path, read_folder_config, source_folder
+
 log = logging.getLogger(__name__)
-
-SOURCES = ("a registered model (`zoo models`), or a checkpoint to start from: a shipped name.tag (`zoo models "
-           "--pretrained`), a release folder or hf-hub:org/repo")
-
-
-def is_checkpoint(source: str) -> bool:
-    """Whether `source` names a checkpoint to start from, rather than a registered architecture."""
-    from zoo.registry import _entries
-
-    if not isinstance(source, str):
-        raise TypeError(f"a model must be named by a string ({SOURCES}), got {type(source).__name__}")
-    if source in _entries():
-        return False
-    return source.startswith("hf-hub:") or source.partition(".")[0] in _entries() or looks_like_path(source)
-
-
-def looks_like_path(source: str) -> bool:
-    return "/" in source or source.startswith(("~", ".")) or Path(source).is_dir()
-
-
-def checkpoint_folder(source: str) -> Path:
-    """The release folder of a checkpoint source (a Hub repository is downloaded into huggingface_hub's cache)."""
-    from zoo import release
-
-    if source.startswith("hf-hub:"):
-        from zoo.hub import download
-
-        return download(source)
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    if looks_like_path(source):
-        raise FileNotFoundError(f"no release folder at {source}; expected {SOURCES}")
-    return release.checkpoint_folder(source)
-
 
 def check_model_source(source: str) -> None:
     """Refuse, in one line and before anything is built or downloaded, a model name that names nothing."""
-    from zoo.registry import entry
+    from zoo.models.registry import entry
 
     if not is_checkpoint(source):
         try:
@@ -65,38 +31,29 @@ def check_model_source(source: str) -> None:
             raise ValueError(f"{error} A model may also be a checkpoint to start from: a shipped name.tag, a "
                              "release folder or hf-hub:org/repo") from None
     elif source.startswith("hf-hub:"):
-        from zoo.hub import parse_source
+        from zoo.models.hub import parse_source
 
         parse_source(source)  # downloaded when the task is built, not here
     else:
         if not looks_like_path(source):
             entry(source.partition(".")[0])
-        read_folder_config(checkpoint_folder(source))
-
-
-def read_folder_config(folder: Path) -> dict:
-    from zoo.release import CONFIG, read_config
-
-    file = folder / CONFIG
-    if not file.is_file():
-        raise FileNotFoundError(f"{folder} is not a release folder: it has no {CONFIG} (expected {SOURCES})")
-    return read_config(file.read_bytes(), file)
+        read_folder_config(source_folder(source))
 
 
 def source_family(source: str) -> str:
     """The family ("image", "fused", "text") of a registered model or of a checkpoint's architecture."""
-    from zoo.registry import _entries, entry
+    from zoo.models.registry import _entries, entry
 
     if not is_checkpoint(source):
         return entry(source).family
-    cls = read_folder_config(checkpoint_folder(source))["class"]
+    cls = read_folder_config(source_folder(source))["class"]
     return next(e.family for e in _entries().values() if e.cls.__name__ == cls)
 
 
 def model_from_config(config: dict) -> nn.Module:
     """A task's saved model (`{"class", "args", "model_name"}`), with random weights: a Lightning checkpoint's
     state dict fills them, so the checkpoint the run started from is not needed again."""
-    from zoo.registry import ARCHITECTURES, _entries, build
+    from zoo.models.registry import ARCHITECTURES, _entries, build
 
     _entries()
     if not isinstance(config, dict) or config.get("class") not in ARCHITECTURES or not isinstance(
@@ -122,10 +79,9 @@ ADAPTABLE = "num_classes, in_chans, img_size (ViTs), mean, std, label_names, and
 def start_from(source: str, overrides: dict) -> nn.Module:
     """The model of checkpoint `source` with `overrides` (constructor arguments) applied, its weights adapted to
     them as timm adapts pretrained weights, in training mode. Each adaptation is logged in one line."""
-    import zoo
-    from zoo.registry import build
+    from zoo.models.registry import build
 
-    base = zoo.load(checkpoint_folder(source))  # zoo.load's checks: safetensors, finite weights, a valid config
+    base = load(source_folder(source))  # zoo.load's checks: safetensors, finite weights, a valid config
     cls = type(base)
     accepted = inspect.signature(cls).parameters
     unknown = sorted(set(overrides) - set(accepted))

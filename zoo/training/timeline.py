@@ -22,7 +22,7 @@ from pathlib import Path
 
 import lightning as L
 
-from zoo.atomic import appendable_jsonl
+from zoo.utils.atomic import appendable_jsonl
 
 
 class Timeline(L.Callback):

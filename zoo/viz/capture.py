@@ -27,8 +27,8 @@ from torch import nn
 
 from zoo.attention import ElitaAttention, FusedAttention, MicroAttention, SoftmaxAttention
 from zoo.attention.attend import allowed_keys, attention_weights
-from zoo.attention.checks import zero_padding
 from zoo.attention.elita import _PAD_LOGIT
+from zoo.utils.checks import zero_padding
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 
-from zoo.attention.checks import shown
+from zoo.utils.checks import shown
 
 MAX_BPE_JSON = 10 * 2**20  # characters of a BPE tokenizer's saved JSON; a 50k-token vocabulary takes about 2 MB
 

@@ -7,8 +7,12 @@ import json
 import os
 from pathlib import Path
 
-from zoo.atomic import check_parents
-from zoo.release import CONFIG, WEIGHTS, checkpoint_roots, is_release_folder, load
+import torch
+
+from zoo.models.pretrained import load
+from zoo.models.registry import checkpoint_roots
+from zoo.models.release_files import CONFIG, WEIGHTS, is_release_folder
+from zoo.utils.atomic import check_parents
 
 # Metrics that a check compares; "points" are hundredths (percentage points for accuracy).
 CHECKED = ("test/acc", "test/acc_top5", "test/auroc", "val/loss", "val/bpc")
@@ -35,6 +39,17 @@ def datamodule_for(config: dict, data_root: str | os.PathLike):
     if isinstance(workers, int) and not isinstance(workers, bool):  # a config may ask for 64; fork no more than fit
         init_args["num_workers"] = max(0, min(workers, cores()))
     return getattr(importlib.import_module(module), cls)(**init_args, **location)
+
+
+def data_samples(config: dict, data_root, count: int) -> torch.Tensor:
+    """The first `count` inputs of the data the release was evaluated on (test split, prepared as in training),
+    from `data_root` as it is: nothing is downloaded."""
+    datamodule = datamodule_for(config, data_root)
+    if hasattr(datamodule, "download"):  # pictures read data that is there; they never fetch it
+        datamodule.download = False
+    datamodule.setup("test")
+    x = next(iter(datamodule.test_dataloader()))[0]
+    return x[:count]
 
 
 def cores() -> int:

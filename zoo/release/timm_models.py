@@ -30,8 +30,8 @@ from timm.models._registry import get_pretrained_cfg
 from zoo.attention import MECHANISMS, FusedAttention
 from zoo.models.fused_network import FusedAttentionNetwork
 from zoo.models.layers import is_int_or_ints
-from zoo.registry import Entry, _entries, build, in_timm
-from zoo.release import CONFIG, WEIGHTS, checkpoint_folder, pretrained_tags, read_config, read_header, read_tensors
+from zoo.models.registry import Entry, _entries, build, checkpoint_folder, in_timm, pretrained_tags
+from zoo.models.release_files import CONFIG, WEIGHTS, read_config, read_header, read_tensors
 
 _logger = logging.getLogger(__name__)
 default_cfgs: dict = {}  # timm's register_model reads the configs of an entrypoint's module from here
@@ -92,7 +92,7 @@ def _check_and_adapt(state_dict: dict, model) -> dict:
 
 def _safe_source(arch: str, cfg: dict, cache_dir) -> dict:
     """The pretrained config with only safetensors to come off the network, refused before any download:
-    an hf_hub_id goes through zoo.hub (a zoo release, checked before its weights come), a url must name a
+    an hf_hub_id goes through zoo.models.hub (a zoo release, checked before its weights come), a url must name a
     .safetensors file (timm would fetch a .pth and unpickle it)."""
     source, file, url, hub_id = cfg.get("source"), cfg.get("file"), cfg.get("url"), cfg.get("hf_hub_id")
     if source == "local-dir":  # timm would take pytorch_model.bin from the folder
@@ -100,7 +100,7 @@ def _safe_source(arch: str, cfg: dict, cache_dir) -> dict:
     if cfg.get("state_dict") or (file and source != "hf-hub"):
         return cfg
     if hub_id:
-        from zoo.hub import download
+        from zoo.models.hub import download
 
         if cfg.get("hf_hub_filename") not in (None, WEIGHTS):
             raise ValueError(f"{arch}: zoo loads {WEIGHTS} from the Hub, got hf_hub_filename="
@@ -197,3 +197,6 @@ def register_with_timm() -> None:
             continue
         default_cfgs.update(generate_default_cfgs(_pretrained_cfgs(e)))
         register_model(_entrypoint(e))
+
+
+register_with_timm()  # timm is imported by now; the hook in timm_hook.py may have found it first

@@ -12,7 +12,10 @@ import sys
 
 
 def register_with_timm() -> None:
-    from zoo.timm_models import register_with_timm
+    importing = sys.modules.get("zoo.release.timm_models")
+    if importing is not None and not hasattr(importing, "register_with_timm"):
+        return  # timm_models imported timm: it registers on its own last line
+    from zoo.release.timm_models import register_with_timm
 
     register_with_timm()
 

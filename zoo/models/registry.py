@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import fnmatch
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ class Entry:
 
 
 def in_timm(e: Entry) -> bool:
-    """Image classifiers that timm's data pipeline can feed, registered with timm (zoo/timm_models.py):
+    """Image classifiers that timm's data pipeline can feed, registered with timm (zoo/release/timm_models.py):
     the ViTs, and FusedAttention networks on 2-D images."""
     if e.family == "image":
         return True
@@ -44,8 +45,7 @@ def register(name: str, family: str, cls: type[nn.Module], default_tag: str | No
 
 
 def _entries() -> dict[str, Entry]:
-    import zoo.models  # noqa: F401  (registers the families on first use)
-
+    # complete: importing this module ran zoo/models/__init__.py first, which imports every family
     return _ENTRIES
 
 
@@ -67,8 +67,6 @@ def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
         pattern: a shell-style wildcard over the names, e.g. "micro-*" (default: every model).
         pretrained: only the models with shipped weights (`zoo.load(name)` works offline for them).
     """
-    from zoo.release import pretrained_tags
-
     names = sorted(n for n in _entries() if fnmatch.fnmatch(n, pattern))
     return [n for n in names if pretrained_tags(n)] if pretrained else names
 
@@ -111,3 +109,33 @@ def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, d
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = cls(**args)
     return model if dtype is None else model.to(dtype)
+
+
+def checkpoint_roots() -> list[Path]:
+    """Where shipped release folders live: the package's own, then a source checkout's checkpoints/."""
+    package = Path(__file__).resolve().parents[1]  # zoo/
+    return [p for p in (package / "checkpoints", package.parent / "checkpoints") if p.is_dir()]
+
+
+def pretrained_tags(name: str) -> list[str]:
+    """Tags of the shipped checkpoints of `name`: folders `checkpoints/<name>.<tag>`."""
+    tags = set()
+    for root in checkpoint_roots():
+        for folder in root.glob(f"{name}.*"):
+            if (folder / "config.json").is_file():  # release_files.CONFIG: that module reads the registry
+                tags.add(folder.name[len(name) + 1 :])
+    return sorted(tags)
+
+
+def checkpoint_folder(name_tag: str) -> Path:
+    """The shipped release folder of `name` or `name.tag` (without a tag: the model's default, else the first)."""
+    name, _, tag = name_tag.partition(".")
+    default = entry(name).default_tag  # unknown names fail here, with the closest registered ones
+    tags = pretrained_tags(name)
+    if not tags:
+        raise ValueError(f"no pretrained weights are shipped for {name!r}; zoo.create({name!r}) builds it with "
+                         f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
+    tag = tag or (default if default in tags else tags[0])
+    if tag not in tags:
+        raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {tags}")
+    return next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())

@@ -9,7 +9,7 @@ page (a data: URI). It holds
   context, training images per second against timm's ViT, and deployment speedups;
 - zoo.viz's pictures of each checkpoint: the model's own, and those of one input (a prompt for
   text models; the first test input of its data where --data-root holds it).
-The folder is built beside DIR and moved there whole (zoo/atomic.py).
+The folder is built beside DIR and moved there whole (zoo/utils/atomic.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import html
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from zoo.atomic import marked_folder, replace_folder
+from zoo.utils.atomic import marked_folder, replace_folder
 
 MARKER = "report.json"
 PROMPT = "ROMEO:\nWhat light through yonder window"
@@ -64,8 +63,8 @@ def _table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def _checkpoints() -> list[tuple[str, Path, dict]]:
-    from zoo.release import CONFIG
-    from zoo.training.check import shipped_folders
+    from zoo.models.release_files import CONFIG
+    from zoo.release.check import shipped_folders
 
     return [(folder.name, folder, json.loads((folder / CONFIG).read_text())) for folder in shipped_folders()]
 
@@ -197,7 +196,7 @@ def _sample(model, config: dict, data_root) -> torch.Tensor | None:
         return torch.as_tensor([model.tokenizer.encode(PROMPT)]) if model.tokenizer else None
     if data_root is None:
         return None
-    from zoo.cli.viz import data_samples
+    from zoo.release.check import data_samples
 
     try:
         return data_samples(config, data_root, 1)
@@ -208,12 +207,12 @@ def _sample(model, config: dict, data_root) -> torch.Tensor | None:
 def _pictures_section(checkpoints, data_root) -> str:
     from tqdm import tqdm
 
-    import zoo
+    from zoo.models.pretrained import load
     from zoo.viz import pictures
 
     parts = ['<section id="pictures"><h2>Pictures</h2>']
     for name, folder, config in tqdm(checkpoints, desc="pictures", unit="checkpoint"):
-        model = zoo.load(folder)
+        model = load(folder)
         x = _sample(model, config, data_root)
         drawn = pictures(model, x)
         note = "" if x is not None else " (no input: its data was not found under --data-root)"
@@ -245,18 +244,3 @@ def build_report(out, bench="bench/results", data_root=None, overwrite: bool = F
     return replace_folder(out, fill, is_report_folder, "report folder", overwrite)
 
 
-def report_command(argv: list[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="zoo report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="the folder to write index.html in")
-    parser.add_argument("--bench", default="bench/results", help="the benchmarks' JSON files (default bench/results)")
-    parser.add_argument("--data-root", default=os.environ.get("ZOO_DATA"),
-                        help="the data sets, for one input picture per image checkpoint (default: $ZOO_DATA)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if an earlier zoo report wrote it")
-    args = parser.parse_args(argv)
-    from zoo.atomic import check_replaceable
-
-    check_replaceable(args.out, is_report_folder, "report folder", args.overwrite)
-    path = build_report(args.out, args.bench, args.data_root, args.overwrite)
-    print(f"wrote {path / 'index.html'}")

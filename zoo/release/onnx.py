@@ -12,7 +12,7 @@ The folder holds
 Every graph is run in ONNX Runtime on inputs of another batch size (and length) than it was
 traced with and compared with eager PyTorch; a largest absolute difference above `tolerance`
 fails the export. The folder is built beside OUTDIR and moved there only when every check
-passed (zoo/atomic.py), so a failed export leaves nothing half-written.
+passed (zoo/utils/atomic.py), so a failed export leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zoo.atomic import marked_folder, replace_folder
 from zoo.attention import native
 from zoo.models import decoding
+from zoo.utils.atomic import marked_folder, replace_folder
 
 OPSET = 18
 TOLERANCE = 1e-4  # float32

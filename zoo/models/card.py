@@ -13,6 +13,8 @@ from pathlib import Path
 
 from torch import nn
 
+from zoo.models.registry import checkpoint_roots
+
 HUB_METRICS = {"acc": "accuracy", "acc_top5": "top_k_accuracy", "auroc": "roc_auc", "loss": "loss",
                "bpc": "bits_per_character", "bits_per_token": "bits_per_token", "perplexity": "perplexity"}
 CHECK_COMMAND = "zoo check {name} --data-root ../shared/data"
@@ -114,8 +116,6 @@ def _one_run(config: dict) -> str:
 def load_name(name: str, folder) -> str:
     """What `zoo.load` takes to find the release folder `name` written at `folder`: the bare name where it is a
     shipped checkpoint (a folder of a checkpoints root), else the path as it was written."""
-    from zoo.release import checkpoint_roots
-
     if folder is None:
         return name
     folder = Path(folder)
@@ -203,11 +203,3 @@ def _seeds_against(board: dict, target: str | None) -> str:
             f"{'meets' if _meets(board['mean'], op, value) else 'does not meet'} it.")
 
 
-def rewrite_card(folder) -> None:
-    """Write a release folder's README.md again from its config.json (atomically)."""
-    from zoo.atomic import write_text_atomic
-    from zoo.release import CARD, CONFIG, load_release
-
-    folder = Path(folder)
-    config = json.loads((folder / CONFIG).read_text())
-    write_text_atomic(folder / CARD, model_card(load_release(folder), folder.name, config, folder))

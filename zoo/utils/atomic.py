@@ -383,3 +383,8 @@ def read_folder(path, names: list[str], read: Callable | None = None) -> dict:
                 raise
             time.sleep(0.01)
     raise AssertionError("unreachable")
+
+
+def write_json_atomic(path, data) -> Path:
+    """`data` as indented JSON, written whole (write_text_atomic)."""
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")

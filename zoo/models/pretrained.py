@@ -8,38 +8,65 @@ or `hf-hub:org/repo[@revision]`.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-import math
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from zoo.atomic import read_folder, replace_folder, write_text_atomic
-from zoo.card import model_card
+from zoo.models.arguments import check_budget
+from zoo.models.card import model_card
+from zoo.models.hub import download
+from zoo.models.registry import ARCHITECTURES, _entries, checkpoint_folder, in_timm
+from zoo.models.release_files import (
+    CARD,
+    CONFIG,
+    FORMAT_VERSION,
+    WEIGHTS,
+    _listed,
+    is_release_folder,
+    read_config,
+    read_header,
+    read_tensors,
+)
+from zoo.utils.atomic import read_folder, replace_folder, write_text_atomic
 
-CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "README.md"
-RELEASE_FILES = (CONFIG, WEIGHTS, CARD)
-FORMAT_VERSION = 1
+SOURCES = ("a registered model (`zoo models`), or a checkpoint to start from: a shipped name.tag (`zoo models "
+           "--pretrained`), a release folder or hf-hub:org/repo")
 
 
-def checkpoint_roots() -> list[Path]:
-    """Where shipped release folders live: the package's own, then a source checkout's checkpoints/."""
-    here = Path(__file__).resolve().parent
-    return [p for p in (here / "checkpoints", here.parent / "checkpoints") if p.is_dir()]
+def is_checkpoint(source: str) -> bool:
+    """Whether `source` names a checkpoint to start from, rather than a registered architecture."""
+    if not isinstance(source, str):
+        raise TypeError(f"a model must be named by a string ({SOURCES}), got {type(source).__name__}")
+    if source in _entries():
+        return False
+    return source.startswith("hf-hub:") or source.partition(".")[0] in _entries() or looks_like_path(source)
 
 
-def pretrained_tags(name: str) -> list[str]:
-    """Tags of the shipped checkpoints of `name`: folders `checkpoints/<name>.<tag>`."""
-    tags = set()
-    for root in checkpoint_roots():
-        for folder in root.glob(f"{name}.*"):
-            if (folder / CONFIG).is_file():
-                tags.add(folder.name[len(name) + 1 :])
-    return sorted(tags)
+def looks_like_path(source: str) -> bool:
+    return "/" in source or source.startswith(("~", ".")) or Path(source).is_dir()
+
+
+def source_folder(source: str) -> Path:
+    """The release folder of a checkpoint source (a Hub repository is downloaded into huggingface_hub's cache)."""
+    if source.startswith("hf-hub:"):
+        return download(source)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if looks_like_path(source):
+        raise FileNotFoundError(f"no release folder at {source}; expected {SOURCES}")
+    return checkpoint_folder(source)
+
+
+def read_folder_config(folder: Path) -> dict:
+    file = folder / CONFIG
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder} is not a release folder: it has no {CONFIG} (expected {SOURCES})")
+    return read_config(file.read_bytes(), file)
 
 
 class Releasable:
@@ -74,8 +101,6 @@ def _config_json(model: nn.Module, extra: dict | None) -> dict:
     }
     if getattr(model, "base_model", None):  # fine-tuned from this checkpoint (zoo/training/source.py)
         config["base_model"] = model.base_model
-    from zoo.registry import _entries, in_timm
-
     e = _entries().get(config["model_name"])
     if e is not None and in_timm(e):
         # The keys timm reads from a Hub config.json: `timm.create_model("hf-hub:org/repo")`
@@ -89,21 +114,9 @@ def _config_json(model: nn.Module, extra: dict | None) -> dict:
     return {**config, **(extra or {})}
 
 
-def is_release_folder(path) -> bool:
-    """A folder that zoo wrote: nothing but release files, and a config.json with zoo's format_version."""
-    path = Path(path)
-    try:
-        if not {p.name for p in path.iterdir()} <= set(RELEASE_FILES) or not (path / CONFIG).is_file():
-            return False
-        config = parse_json((path / CONFIG).read_bytes(), path / CONFIG)
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "format_version" in config and "class" in config
-
-
 def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict | None = None,
                     overwrite: bool = True) -> Path:
-    """Write a release folder atomically (zoo/atomic.py): built beside `path`, then swapped in.
+    """Write a release folder atomically (zoo/utils/atomic.py): built beside `path`, then swapped in.
 
     Only an absent path, an empty folder or a release folder is ever replaced (the last only
     with overwrite=True); anything else is refused, naming the path.
@@ -136,133 +149,12 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
     return replace_folder(path, fill, is_release_folder, "release folder", overwrite)
 
 
-def write_json_atomic(path, data) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
 def _aliases(model: nn.Module) -> dict[str, set[str]]:
     """For each state-dict name, every name that shares its storage (tied weights), itself included."""
     by_storage: dict[int, set[str]] = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         by_storage.setdefault(tensor.data_ptr(), set()).add(name)
     return {name: group for group in by_storage.values() for name in group}
-
-
-MAX_DEPTH = 32  # zoo's configs nest 3 levels; json itself fails (RecursionError) near 1000
-MAX_DIGITS = 100  # Python refuses to read integers of more than 4300 digits, without naming the field
-
-
-class _LongInteger(str):
-    """An integer literal too long to be a config value, kept as text until its field is known."""
-
-
-def parse_json(data: bytes | str, file: Path):
-    """A JSON document, refused in one line naming the file (and the field, for an overlong integer)."""
-    try:
-        value = json.loads(data, parse_int=lambda text: _LongInteger(text) if len(text) > MAX_DIGITS else int(text))
-    except UnicodeDecodeError:
-        raise ValueError(f"{file} is not a UTF-8 text file; expected zoo's config.json") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    except RecursionError:
-        raise ValueError(f"{file} nests its JSON too deeply (more than {MAX_DEPTH} levels); "
-                         "expected zoo's config.json") from None
-    pending = [(value, "", 1)]  # walked without recursion: the depth is not known to be small yet
-    while pending:
-        item, where, depth = pending.pop()
-        if depth > MAX_DEPTH:
-            raise ValueError(f"{file} nests its JSON {depth} levels deep at {where or 'the top'}; zoo reads at most "
-                             f"{MAX_DEPTH} (expected zoo's config.json)")
-        if isinstance(item, _LongInteger):
-            raise ValueError(f"{file}: {where or 'the document'} is an integer of {len(item.lstrip('-')):,} digits; "
-                             f"zoo reads integers of at most {MAX_DIGITS} digits")
-        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
-        pending += [(child, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key,
-                     depth + 1) for key, child in children]
-    return value
-
-
-def read_config(data: bytes, file: Path) -> dict:
-    """config.json's object, refused with the file and field named when it is not one zoo can read."""
-    from zoo.registry import ARCHITECTURES, _entries
-
-    config = parse_json(data, file)
-    if not isinstance(config, dict):
-        raise ValueError(f"{file} must hold a JSON object, got a JSON {type(config).__name__}")
-    version = config.get("format_version")
-    if version is None:
-        raise ValueError(f"{file} has no format_version: it was not written by zoo's save_pretrained")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"{file}: format_version must be a positive integer, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise ValueError(f"{file} has format_version {version}, written by a newer zoo; this zoo "
-                         f"reads format_version {FORMAT_VERSION}: upgrade zoo (pip install -U attention-zoo)")
-    _entries()  # make sure every architecture is registered
-    arch = config.get("class")
-    if not isinstance(arch, str) or arch not in ARCHITECTURES:
-        raise ValueError(f"{file}: class {arch!r} is not a zoo architecture; zoo knows {sorted(ARCHITECTURES)}")
-    args = config.get("args")
-    if not isinstance(args, dict):
-        raise ValueError(f"{file}: args must be a JSON object of {arch}'s arguments, got {type(args).__name__}")
-    accepted = inspect.signature(ARCHITECTURES[arch]).parameters
-    unknown = sorted(set(args) - set(accepted))
-    if unknown:
-        raise ValueError(f"{file}: args.{unknown[0]} is not an argument of {arch}; it takes {', '.join(accepted)}")
-    return config
-
-
-FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}  # with their sizes in bytes
-MAX_HEADER = 100_000_000  # safetensors' own limit on the header
-SHOWN = 10  # names listed in an error; the rest are counted
-
-
-def _listed(items: list[str]) -> str:
-    more = f"; and {len(items) - SHOWN:,} more" if len(items) > SHOWN else ""
-    return "; ".join(items[:SHOWN]) + more
-
-
-def read_header(fd: int, file: Path) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor a safetensors file declares, read from its header alone (os.pread: no tensor
-    data is read). Refused with a reason when the file is truncated, not safetensors, declares tensors it
-    does not hold, or anything but floating-point tensors (zoo's weights are all floating point)."""
-    size = os.fstat(fd).st_size
-    if size < 8:
-        raise ValueError(f"{file} is not a safetensors file: {size} bytes, too short for a header")
-    length = int.from_bytes(os.pread(fd, 8, 0), "little")
-    if length > size - 8:
-        raise ValueError(f"{file} is truncated or not a safetensors file: its header should take {length:,} bytes, "
-                         f"the file holds {size - 8:,} after the length")
-    if length > MAX_HEADER:
-        raise ValueError(f"{file} is not a safetensors file zoo reads: its header takes {length:,} bytes, "
-                         f"more than safetensors' limit of {MAX_HEADER:,}")
-    try:
-        header = json.loads(os.pread(fd, length, 8))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ValueError(f"{file} is not a safetensors file: its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{file} is not a safetensors file: its header is not a JSON object")
-    shapes, data_size, end = {}, size - 8 - length, 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info.get("dtype") if isinstance(info, dict) else None
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"{file}: tensor {name!r} is stored as {dtype}; zoo's weights are floating point "
-                             f"({', '.join(FLOAT_DTYPES)}), and other types are never cast silently")
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (_whole_numbers(shape) and _whole_numbers(offsets) and len(offsets) == 2
-                and offsets[1] - offsets[0] == math.prod(shape) * FLOAT_DTYPES[dtype]):
-            raise ValueError(f"{file} is not a valid safetensors file: tensor {name!r} declares shape {shape} "
-                             f"and data offsets {offsets}, which do not agree")
-        shapes[name], end = tuple(shape), max(end, offsets[1])
-    if end > data_size:
-        raise ValueError(f"{file} is truncated or not a safetensors file: its header declares {end:,} bytes of "
-                         f"tensors, the file holds {data_size:,} after the header")
-    return shapes
-
-
-def _whole_numbers(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
 def plan_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]], file: Path, strict: bool = True,
@@ -286,31 +178,6 @@ def plan_weights(model: nn.Module, shapes: dict[str, tuple[int, ...]], file: Pat
         raise ValueError(f"none of the tensors in {file} fit {type(model).__name__} (it expects names such as "
                          f"{', '.join(list(own)[:3])}): strict=False loads part of a model's weights, never none")
     return keep
-
-
-def read_tensors(fd: int, names: list[str], file: Path) -> dict[str, torch.Tensor]:
-    """The tensors `names` of the open safetensors file `fd`, mapped from it (mmap) rather than read whole: only
-    these tensors' bytes are ever touched. Each must hold finite values."""
-    from safetensors import SafetensorError, safe_open
-
-    # The same open file by name (a magic link on Linux, /dev/fd elsewhere): the version read_folder opened.
-    source = next((p for p in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}") if os.path.exists(p)), None)
-    try:
-        if source is None:  # no such names for open files on this system: read the file through the handle
-            from safetensors.torch import load
-
-            everything = load(os.pread(fd, os.fstat(fd).st_size, 0))
-            state = {name: everything[name] for name in names}
-        else:
-            with safe_open(source, framework="pt") as f:
-                state = {name: f.get_tensor(name) for name in names}
-    except SafetensorError as e:
-        raise ValueError(f"{file} is not a valid safetensors file: {e}") from None
-    for name, tensor in state.items():  # a NaN weight makes every output NaN: say so at load, not later
-        if not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{file}: tensor {name!r} holds NaN or infinite values (a diverged or damaged "
-                             "checkpoint); zoo loads only finite weights")
-    return state
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
@@ -344,9 +211,6 @@ def _open_weights(name: str, f) -> bytes | int:
 
 def load_release(path, strict: bool = True, max_parameters: int | None = None, **overrides) -> nn.Module:
     """A model from a release folder, read as one version even while another process replaces it."""
-    from zoo.models.arguments import check_budget
-    from zoo.registry import ARCHITECTURES
-
     path = Path(path)
     if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
         found = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
@@ -420,8 +284,6 @@ def load(source: str | os.PathLike, strict: bool = True, *, token: str | bool | 
         raise TypeError(f"zoo.load expects a model name, a folder or 'hf-hub:org/repo', got {type(source).__name__}")
     text = str(source)
     if text.startswith("hf-hub:"):
-        from zoo.hub import download
-
         folder = download(text, token=token, cache_dir=cache_dir, local_files_only=local_files_only,
                           max_parameters=max_parameters)
         return load_release(folder, strict=strict, max_parameters=max_parameters, **overrides)
@@ -430,17 +292,8 @@ def load(source: str | os.PathLike, strict: bool = True, *, token: str | bool | 
     return load_release(checkpoint_folder(text), strict=strict, max_parameters=max_parameters, **overrides)
 
 
-def checkpoint_folder(name_tag: str) -> Path:
-    """The shipped release folder of `name` or `name.tag` (without a tag: the model's default, else the first)."""
-    from zoo.registry import entry
-
-    name, _, tag = name_tag.partition(".")
-    default = entry(name).default_tag  # unknown names fail here, with the closest registered ones
-    tags = pretrained_tags(name)
-    if not tags:
-        raise ValueError(f"no pretrained weights are shipped for {name!r}; zoo.create({name!r}) builds it with "
-                         f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
-    tag = tag or (default if default in tags else tags[0])
-    if tag not in tags:
-        raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {tags}")
-    return next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())
+def rewrite_card(folder) -> None:
+    """Write a release folder's README.md again from its config.json (atomically)."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG).read_text())
+    write_text_atomic(folder / CARD, model_card(load_release(folder), folder.name, config, folder))
