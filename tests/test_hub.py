@@ -155,7 +155,7 @@ def test_missing_repository_and_files(hub, tmp_path):
     assert fetched <= {"config.json", "model.safetensors", "README.md"}
     publish(hub["mirror"], "zoo-test/wrong-config", {"config.json": b'{"format_version": 1, "class": "Nope"}',
                                                      "model.safetensors": folder / "model.safetensors"})
-    with pytest.raises(ValueError, match="config.json: class 'Nope' is not a zoo architecture"):
+    with pytest.raises(ValueError, match="config.json: class 'Nope' is not a registered architecture"):
         zoo.load("hf-hub:zoo-test/wrong-config", cache_dir=tmp_path)
 
 

@@ -47,7 +47,8 @@ class ClippedSoftmaxAttention(SoftmaxAttention):
         causal: True: token i attends to tokens 0..i only, and `step` decodes; default False (bidirectional).
         alpha: gamma's numerator, a number >= 0 (default 4, our choice; 0 gives a plain softmax when zeta = 1).
         zeta: the stretch's upper end, a number >= 1 (default 1).
-        **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`.
+        **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`,
+            `positions` ("rope", "alibi"), `rope_base`.
     """
 
     def __init__(self, dim: int, heads: int = 1, causal: bool = False, alpha: float = 4.0, zeta: float = 1.0,

@@ -46,6 +46,8 @@ class QuietAttention(SoftmaxAttention):
             otherwise unused (default None).
         learned_bias: add a trainable bias per head over (query, key) positions, (heads, max_len, max_len),
             started at zero; default False.
+        positions: None (default), "rope" or "alibi", as for SoftmaxAttention; the zero key keeps logit 0.
+        rope_base: RoPE's frequency base, a finite number > 1 (default 10000).
     """
 
     quiet = True

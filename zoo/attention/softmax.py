@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention.attend import attend, check_attn_mask
+from zoo.attention.positions import alibi_bias, alibi_slopes, rotate
 from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
@@ -26,6 +27,8 @@ from zoo.utils.checks import (
     number,
     zero_padding,
 )
+
+POSITIONS = (None, "rope", "alibi")
 
 
 @dataclass
@@ -105,6 +108,16 @@ class SoftmaxAttention(nn.Module):
     softmax sums over the n tokens (it wrote j = 1..k, k the token width) and scales by the square root of
     the per-head width d, not of the token width.
 
+    Positions (`positions`, zoo/attention/positions.py), beside or instead of the learned bias:
+    "rope" rotates q and k by their positions before the logits (RoPE, Su et al. 2021), so q_i . k_j
+    depends on i - j only; "alibi" adds -m_h (i - j) to head h's logits (Press et al. 2022; -m_h |i - j|
+    for a bidirectional layer). Token t of x is at position t, padding included, as for the learned
+    bias; `step` continues from the number of tokens in the cache, which keeps rotated keys. Both are
+    relative, so left padding (a batch of prompts of different lengths) shifts no distance between real
+    tokens, and padded decoding, which the learned bias refuses, is allowed. Neither has a table: a
+    layer runs at any length. QuietAttention's zero key (its "nothing") keeps its logit of 0: it is
+    neither rotated (a rotated zero is zero) nor biased.
+
     Takes x (batch, length, dim) and an optional `key_padding_mask` (batch, length), True for real tokens;
     returns (batch, length, dim), zero at padded positions. A causal layer also decodes with
     `y, cache = layer.step(x_new, cache)` and a KVCache, starting from `cache=None`.
@@ -119,6 +132,9 @@ class SoftmaxAttention(nn.Module):
             otherwise unused (default None).
         learned_bias: add a trainable bias per head over (query, key) positions, (heads, max_len, max_len),
             started at zero (sciformer.md's "trainable mask"); default False.
+        positions: None (default: none, positions come from outside, e.g. the model's embedding), "rope"
+            (rotary; needs an even head width) or "alibi" (linear biases).
+        rope_base: RoPE's frequency base, a finite number > 1 (default 10000); used with positions="rope".
     """
 
     quiet = False  # QuietAttention flips this to normalize with softmax_one
@@ -132,10 +148,19 @@ class SoftmaxAttention(nn.Module):
         dropout: float = 0.0,
         max_len: int | None = None,
         learned_bias: bool = False,
+        positions: str | None = None,
+        rope_base: float = 10000.0,
     ):
         super().__init__()
         owner = type(self).__name__
         self.head_dim = check_heads(dim, heads, owner)
+        if positions is not None and (not isinstance(positions, str) or positions not in POSITIONS):
+            raise ValueError(f"{owner} positions must be one of {POSITIONS}, got {positions!r}")
+        rope_base = number(rope_base, "rope_base", owner, minimum=1.0, include_minimum=False)
+        if positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"{owner}(positions='rope') rotates channel pairs and needs an even head width "
+                             f"dim / heads, got {dim} / {heads} = {self.head_dim}")
+        self.positions, self.rope_base = positions, rope_base
         causal, bias = flag(causal, "causal", owner), flag(bias, "bias", owner)
         learned_bias = flag(learned_bias, "learned_bias", owner)
         dropout = number(dropout, "dropout", owner, maximum=1.0, include_maximum=False)
@@ -152,10 +177,23 @@ class SoftmaxAttention(nn.Module):
         else:
             self.attn_bias = None
 
-    def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _split_heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (batch, heads, length, head_dim) of the tokens x at positions start, start + 1, ..."""
+        q, k, v = self._project(x)
+        q, k = self._rotate(q, k, start)
+        return q, k, v
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return q, k, v
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated by RoPE at positions start, start + 1, ... (unchanged without positions="rope")."""
+        if self.positions != "rope":
+            return q, k
+        positions = torch.arange(start, start + q.shape[-2], device=q.device)
+        return rotate(q, positions, self.rope_base), rotate(k, positions, self.rope_base)
 
     def _cross_heads(self, x: torch.Tensor, context: torch.Tensor):
         """q from x, k and v from the context, through the query rows and the key and value rows of qkv."""
@@ -171,13 +209,22 @@ class SoftmaxAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(b, n, self.dim))
 
     def _bias(self, start: int, stop: int) -> torch.Tensor | None:
-        if self.attn_bias is None:
-            return None
-        if stop > self.max_len:
-            raise ValueError(
-                f"{type(self).__name__} has a learned bias for at most max_len={self.max_len} tokens, got {stop}"
-            )
-        return self.attn_bias[:, start:stop, :stop]
+        """The additive logits (heads, stop - start, stop) of queries start..stop-1 over keys 0..stop-1: the
+        learned bias, ALiBi's, their sum, or None."""
+        bias = None
+        if self.attn_bias is not None:
+            if stop > self.max_len:
+                raise ValueError(
+                    f"{type(self).__name__} has a learned bias for at most max_len={self.max_len} tokens, got {stop}"
+                )
+            bias = self.attn_bias[:, start:stop, :stop]
+        if self.positions == "alibi":
+            device = self.qkv.weight.device
+            alibi = alibi_bias(alibi_slopes(self.heads, dtype=torch.float32, device=device),
+                               torch.arange(start, stop, device=device), torch.arange(stop, device=device),
+                               causal=self.causal)
+            bias = alibi if bias is None else bias + alibi
+        return bias
 
     def clip(self, keys: int, queries: int, device, key_padding_mask: torch.Tensor | None = None
              ) -> tuple[float, torch.Tensor] | None:
@@ -222,9 +269,9 @@ class SoftmaxAttention(nn.Module):
                 raise ValueError(f"{owner} expects a context of x's batch size, dtype and device "
                                  f"({x.shape[0]}, {x.dtype}, {x.device}), got ({context.shape[0]}, "
                                  f"{context.dtype}, {context.device})")
-            if causal or self.attn_bias is not None:
-                raise ValueError(f"{owner} attends to a context only as a bidirectional layer without learned_bias: "
-                                 "causality and the (query, key) bias are defined within one sequence")
+            if causal or self.attn_bias is not None or self.positions is not None:
+                raise ValueError(f"{owner} attends to a context only as a bidirectional layer without learned_bias "
+                                 "and positions: causality and the positions are defined within one sequence")
             keys = context
         key_padding_mask = check_padding_mask(key_padding_mask, keys, owner)
         lq, lk = x.shape[1], keys.shape[1]
@@ -272,12 +319,13 @@ class SoftmaxAttention(nn.Module):
         check_tokens(x, self.dim, owner)
         key_padding_mask = check_padding_mask(key_padding_mask, x, owner)
         x = zero_padding(x, key_padding_mask)
-        q, k, v = self._split_heads(x)
+        q, k, v = self._project(x)
         cached = (x.shape[0], self.heads, None, self.head_dim)  # any number of cached tokens
         check_state(state, KVCache, {"keys": cached, "values": cached}, k.dtype, k.device, owner)
         if state is not None:
             check_cache(state, owner)
         n, zero = x.shape[1], int(self.quiet)  # quiet attention's zero key sits in slot 0 of its cache
+        q, k = self._rotate(q, k, 0 if state is None else state.length - zero)  # the cache keeps rotated keys
         if state is None:
             out = attend(q, k, v, causal=True, key_padding_mask=key_padding_mask, bias=self._bias(0, n),
                          quiet=self.quiet, clip=self.clip(n, n, x.device, key_padding_mask))

@@ -166,6 +166,8 @@ def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
         args.update(bias=old.qkv.bias is not None, dropout=old.dropout)
         if getattr(old, "attn_bias", None) is not None:
             args.update(max_len=old.max_len, learned_bias=True)
+        if isinstance(old, SoftmaxAttention) and old.positions is not None:  # rope or alibi: the new layer keeps them
+            args.update(positions=old.positions, rope_base=old.rope_base)
         notes = ["its gates are dropped"] if isinstance(old, GatedAttention) else []
         return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
     if isinstance(old, nn.MultiheadAttention):
@@ -198,9 +200,13 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
     cls = MIXERS[mechanism]
     if not issubclass(cls, QKV_MIXERS):
         args = {key: args[key] for key in ("dim", "heads", "causal")}
-    elif cls is InContextAttention and args.pop("learned_bias", False):
-        del args["max_len"]
-        notes.append("its learned bias is dropped")
+    elif cls is InContextAttention:
+        if args.pop("learned_bias", False):
+            del args["max_len"]
+            notes.append("its learned bias is dropped")
+        if args.pop("positions", None) is not None:
+            del args["rope_base"]
+            notes.append("its rope or alibi positions are dropped (incontext makes its own)")
     args.update(options)
     if cls is ElitaAttention and args["causal"] is False:
         raise ValueError(f"swap: elita is causal only and {name or 'the model'} attends both ways; pass causal=True "

@@ -69,7 +69,8 @@ def label_names(names, num_classes: int, owner: str) -> list[str] | None:
 def parameter_count(cls: type, args: dict) -> int:
     """The parameters `cls(**args)` would have, counted on the meta device (nothing allocated).
 
-    Blocks are alike, so a deep model is counted from depth 0 and depth 1 rather than built.
+    Blocks are alike, so a deep model is counted from depth 0 and depth 1 rather than built; one with a list of
+    attentions, mlps or attention_options (a hybrid, whose blocks differ) is built whole on the meta device.
     """
     def count(**changes) -> int:
         try:
@@ -79,7 +80,8 @@ def parameter_count(cls: type, args: dict) -> int:
             raise ValueError(f"{cls.__name__}'s sizes are too large to allocate: {error}") from None
 
     depth = args.get("depth")
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth <= 1:
+    per_block = any(isinstance(args.get(key), (list, tuple)) for key in ("attention", "mlp", "attention_options"))
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth <= 1 or per_block:  # a hybrid's blocks differ
         return count()
     base = count(depth=0)
     return base + depth * (count(depth=1) - base)

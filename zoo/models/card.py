@@ -30,7 +30,8 @@ def _family(config: dict) -> str:
 
 def _header(config: dict, metrics: dict, data: dict) -> list[str]:
     attention = config["args"].get("attention", "softmax")
-    tags = ["zoo", "pytorch", config["class"], f"{attention}-attention"]
+    names = attention if isinstance(attention, list) else [attention]  # a hybrid: one tag per mechanism
+    tags = ["zoo", "pytorch", config["class"], *(f"{name}-attention" for name in dict.fromkeys(names))]
     if config.get("pretrained_cfg"):
         tags += ["timm", "image-classification"]
     lines = ["---", "library_name: zoo", "license: mit",
@@ -132,6 +133,8 @@ def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
     data = training.get("data") or {}
     params = sum(p.numel() for p in model.parameters())
     attention = args.get("attention", "softmax")
+    if isinstance(attention, list):  # a hybrid
+        attention = "per-block " + "/".join(map(str, attention))
     shape = f"{args.get('depth')} blocks of width {args.get('embed_dim')}, {args.get('num_heads')} heads"
     lines = _header(config, metrics, data)
     lines += [f"# {name}", "",

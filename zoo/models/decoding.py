@@ -4,11 +4,14 @@
     step(ids, position, *state)      -> logits, position, *state
 
 ids are (batch, length) token ids; position is a 0-d int64 tensor (the number of tokens seen);
-state is every block's decoding state as plain tensors, in block order:
+state is every block's decoding state as plain tensors, in block order, each block's by its own
+attention (a hybrid's blocks differ):
     softmax, quiet, clipped, gated:  keys, values   (batch, heads, tokens seen, head_dim) each: the KV cache
                      (quiet's has one slot more in front: its zero key and value)
     micro:           weighted_sum, score_sum   (batch, heads, head_dim), (batch, heads)
     elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
+    incontext:       keys, values, starts, total   the KV cache as softmax's; (batch, heads, tokens seen),
+                     (batch, heads): the gate sums before each key and of every token seen
 Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `export`
 gives both as torch.export programs; `greedy` decodes with any pair of such callables
 (exported programs, ONNX Runtime sessions) exactly as `generate(temperature=0)` does,
@@ -25,11 +28,19 @@ from torch import nn
 from zoo.attention import KV_CACHED
 from zoo.attention.blocks import BLOCK
 from zoo.attention.elita import ElitaState
+from zoo.attention.incontext import InContextState
 from zoo.attention.micro import MicroState
 from zoo.attention.softmax import KVCache
 
 STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED},
-                "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean")}
+                "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean"),
+                "incontext": ("keys", "values", "starts", "total")}
+STATES = {KVCache: "softmax", MicroState: "micro", ElitaState: "elita", InContextState: "incontext"}
+
+
+def block_kinds(model) -> list[str]:
+    """The attention of each of the model's blocks, in block order (one name repeated, or a hybrid's list)."""
+    return list(model.attentions)
 
 
 def state_names(model) -> list[str]:
@@ -38,13 +49,12 @@ def state_names(model) -> list[str]:
     Args:
         model: the TextTransformer whose blocks' states are named.
     """
-    fields = STATE_FIELDS[model.config["attention"]]
-    return [f"block{i}.{f}" for i in range(len(model.blocks)) for f in fields]
+    return [f"block{i}.{f}" for i, kind in enumerate(block_kinds(model)) for f in STATE_FIELDS[kind]]
 
 
 def flatten_states(states: list) -> list[torch.Tensor]:
     """Block states as plain tensors in block order: keys, values (KVCache); weighted_sum, score_sum
-    (MicroState); or log_norm, mean (ElitaState).
+    (MicroState); log_norm, mean (ElitaState); or keys, values, starts, total (InContextState).
 
     Args:
         states: the blocks' states, as `TextTransformer.forward_step` returns them.
@@ -55,24 +65,38 @@ def flatten_states(states: list) -> list[torch.Tensor]:
 
 
 def _kind(state) -> str:
-    return {KVCache: "softmax", MicroState: "micro", ElitaState: "elita"}[type(state)]
+    if type(state) not in STATES:
+        kinds = ", ".join(c.__name__ for c in STATES)
+        raise TypeError(f"flatten_states takes the block states forward_step returns ({kinds}), "
+                        f"got {type(state).__name__}")
+    return STATES[type(state)]
 
 
 def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list:
     """The blocks' states from the plain tensors `flatten_states` gave, for `forward_step`.
 
     Args:
-        model: the TextTransformer the states belong to; its attention says which kind of state.
+        model: the TextTransformer the states belong to; each block's attention says which kind of state.
         position: the number of tokens seen, a 0-d int64 tensor (ElitaState keeps it).
-        tensors: two tensors per block, in block order, as `flatten_states` lists them.
+        tensors: each block's tensors, in block order, as `flatten_states` lists them.
     """
-    a, b = tensors[0::2], tensors[1::2]
-    kind = model.config["attention"]
-    if kind in KV_CACHED:
-        return [KVCache(k, v) for k, v in zip(a, b)]
-    if kind == "micro":
-        return [MicroState(s, z) for s, z in zip(a, b)]
-    return [ElitaState(n, m, position) for n, m in zip(a, b)]
+    kinds = block_kinds(model)
+    want = sum(len(STATE_FIELDS[kind]) for kind in kinds)
+    if len(tensors) != want:
+        raise ValueError(f"{type(model).__name__}'s {len(kinds)} blocks take {want} state tensors "
+                         f"({', '.join(state_names(model))}), got {len(tensors)}")
+    states, rest = [], list(tensors)
+    for kind in kinds:
+        fields, rest = rest[:len(STATE_FIELDS[kind])], rest[len(STATE_FIELDS[kind]):]
+        if kind in KV_CACHED:
+            states.append(KVCache(*fields))
+        elif kind == "micro":
+            states.append(MicroState(*fields))
+        elif kind == "elita":
+            states.append(ElitaState(*fields, position))
+        else:
+            states.append(InContextState(*fields))
+    return states
 
 
 class Prefill(nn.Module):
@@ -142,11 +166,18 @@ def dynamic_shapes(model, prefill: bool):
     length = Dim("length", min=1, max=model.context_length if learned else BLOCK)
     if prefill:
         return ({0: batch, 1: length},)
-    cached = Dim("cached", min=1, max=model.context_length if learned else 1 << 20)  # quiet: 1 + tokens seen
-    per_block = {"softmax": ({0: batch, 2: cached}, {0: batch, 2: cached}),
-                 "micro": ({0: batch}, {0: batch}), "elita": ({0: batch}, {0: batch})}
-    kind = "softmax" if model.config["attention"] in KV_CACHED else model.config["attention"]
-    return ({0: batch}, None, per_block[kind] * len(model.blocks))  # the state: Step.forward's *state
+    # the tokens seen; quiet's cache holds 1 more (its zero key), so a hybrid with quiet blocks and other cached
+    # ones has two cache lengths
+    kinds = block_kinds(model)
+    top = model.context_length if learned else 1 << 20
+    seen = Dim("cached", min=1, max=top)
+    quiet = seen if all(k in ("quiet", "micro", "elita") for k in kinds) else Dim("quiet_cached", min=1, max=top)
+    shapes = []
+    for kind in kinds:
+        cached = quiet if kind == "quiet" else seen
+        shapes += {"micro": [{0: batch}] * 2, "elita": [{0: batch}] * 2,
+                   "incontext": [{0: batch, 2: cached}] * 3 + [{0: batch}]}.get(kind, [{0: batch, 2: cached}] * 2)
+    return ({0: batch}, None, tuple(shapes))  # the state: Step.forward's *state
 
 
 def export(model, eager_routes: bool = False) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram]:

@@ -2,11 +2,14 @@
 
 Patch embedding is a convolution with kernel = stride, so any number of input channels
 works; then a learned position embedding or a fixed 2-D sin-cos encoding, transformer
-blocks whose attention is softmax, quiet or (bidirectional) micro, and a classifier on
-the class token, the mean token or a FusedAttention pooling of the tokens.
+blocks whose attention is softmax, quiet, clipped, gated, (bidirectional) micro or
+in-context, one for all blocks or one per block (a hybrid), and a classifier on the class
+token, the mean token or a FusedAttention pooling of the tokens.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 from torch import nn
@@ -15,11 +18,23 @@ from zoo.attention import KV_CACHED, FusedAttention
 from zoo.models.arguments import classifier_arguments, flag, integer, transformer_sizes
 from zoo.models.backbone import TokenBackbone
 from zoo.models.classifier import Classifier
-from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, drop_path_rates, sincos_encoding_2d
+from zoo.models.layers import (
+    MLPS,
+    POSITIONS,
+    Block,
+    check_choice,
+    check_options,
+    drop_path_rates,
+    per_block,
+    per_block_options,
+    sincos_encoding_2d,
+)
 from zoo.models.pretrained import Releasable
 from zoo.models.registry import register
 
 POOLS = ("token", "avg", "fused")
+# the bidirectional token mixers (elita is causal only)
+ATTENTIONS = (*KV_CACHED, "micro", "incontext")
 
 
 # The two functions below read input shapes, which symbolic tracing (torch.fx, timm's feature extraction) cannot
@@ -78,18 +93,26 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         num_heads: the attention heads per block, an int >= 1 (default 4).
         mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
             hidden unit (default 4); unused with mlp="ffn2".
-        attention: the blocks' attention, bidirectional: "softmax" (default), "quiet", "clipped", "gated" or
-            "micro" (see zoo.attention).
-        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2).
+        attention: the blocks' attention, bidirectional: "softmax" (default), "quiet", "clipped", "gated",
+            "micro" or "incontext" (see zoo.attention); one name for every block, or a list of `depth` names,
+            one per block (a hybrid, e.g. ["micro", "micro", "softmax", "micro"]).
+        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2);
+            one name, or a list of `depth` names.
+        attention_options: the mechanisms' own arguments: None (default), one dict for every block, or a list of
+            `depth` dicts (None for none), e.g. {"num_queries": 8} for micro, {"alpha": 2.0} for clipped,
+            {"num_positions": 32} for incontext, {"dropout": 0.1} for the softmax family and incontext; JSON
+            values, kept in `config` as given. An option the block's mechanism does not take is refused.
         pos_embed: the position encoding added to the tokens: "learned" (default), "sincos" (fixed 2-D sine-
-            cosine) or "none".
+            cosine) or "none". Whatever the blocks' attentions, it is added once, at the input, and reaches every
+            block through the residual stream; an incontext block adds its own positions, counted from the
+            activations, on top of it (with pos_embed="none", those are the only positions).
         learned_bias: give each block's attention a learned (query, key) bias per head (sciformer.md's trainable
-            mask); only for the softmax, quiet, clipped and gated attentions, and not with dynamic_img_size.
-            Default False.
+            mask); only where every block's attention is softmax, quiet, clipped or gated, and not with
+            dynamic_img_size. Default False.
         global_pool: how the tokens become one vector: "token" (default; a class token), "avg" (their mean) or
             "fused" (a FusedAttention pooling).
         drop_rate: the dropout probability, in [0, 1), on the MLPs, the softmax-family attention weights and
-            before the head (default 0).
+            before the head (default 0); incontext's attention weights take theirs from attention_options.
         drop_path_rate: the stochastic depth of the last block, in [0, 1), rising linearly from 0 at the first
             (default 0).
         final_norm: apply a LayerNorm to the tokens after the last block (default True).
@@ -113,8 +136,9 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
         depth: int = 6,
         num_heads: int = 4,
         mlp_ratio: float = 4.0,
-        attention: str = "softmax",
-        mlp: str = "mlp",
+        attention: str | list[str] = "softmax",
+        mlp: str | list[str] = "mlp",
+        attention_options: dict | list[dict | None] | None = None,
         pos_embed: str = "learned",
         learned_bias: bool = False,
         global_pool: str = "token",
@@ -134,11 +158,26 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
         drop_path_rate, mean, std, label_names = classifier_arguments(
             owner, in_chans, num_classes, drop_path_rate, mean, std, label_names)
-        check_choice(attention, (*KV_CACHED, "micro"), "attention", owner)
-        check_choice(mlp, MLPS, "mlp", owner)
+        attentions = per_block(attention, depth, ATTENTIONS, "attention", owner)
+        mlps = per_block(mlp, depth, MLPS, "mlp", owner)
+        options = per_block_options(attention_options, depth, owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)
         learned_bias, final_norm = flag(learned_bias, "learned_bias", owner), flag(final_norm, "final_norm", owner)
+        for index, (name, block_options) in enumerate(zip(attentions, options)):
+            if learned_bias and name not in KV_CACHED:
+                raise ValueError(f"{owner} learned_bias needs one of {list(KV_CACHED)} attentions in every block; "
+                                 f"block {index} has attention {name!r}")
+            try:
+                check_options(name, block_options)
+            except ValueError as error:
+                raise ValueError(f"{owner} block {index}: {error}") from None
+        if attention_options is not None:  # as given, and as config.json will hold it
+            try:
+                attention_options = json.loads(json.dumps(attention_options, allow_nan=False))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"{owner} attention_options must hold JSON values (numbers, strings, booleans) to "
+                                f"be saved with the model: {error}") from None
         dynamic_img_size = flag(dynamic_img_size, "dynamic_img_size", owner)
         if img_size % patch_size:
             below, above = img_size - img_size % patch_size, img_size - img_size % patch_size + patch_size
@@ -149,11 +188,14 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
                              "covers the tokens of one image size")
         self.config = dict(
             img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention,
-            mlp=mlp, pos_embed=pos_embed, learned_bias=learned_bias, global_pool=global_pool,
-            drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=final_norm, mean=list(mean),
-            std=list(std), label_names=label_names, dynamic_img_size=dynamic_img_size,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            attention=attention if isinstance(attention, str) else attentions,
+            mlp=mlp if isinstance(mlp, str) else mlps, pos_embed=pos_embed, learned_bias=learned_bias,
+            global_pool=global_pool, drop_rate=drop_rate, drop_path_rate=drop_path_rate, final_norm=final_norm,
+            mean=list(mean), std=list(std), label_names=label_names, dynamic_img_size=dynamic_img_size,
         )
+        if attention_options is not None:  # absent otherwise: a single-name model's config.json is as before
+            self.config["attention_options"] = attention_options
         self.img_size, self.in_chans, self.global_pool = img_size, in_chans, global_pool
         self.dynamic_img_size = dynamic_img_size
         self.num_classes, self.num_features, self.embed_dim = num_classes, embed_dim, embed_dim
@@ -172,11 +214,15 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
             self.register_buffer("pos_embed", table[None], persistent=False)
         else:
             self.pos_embed = None
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, attention, causal=False, mlp=mlp, mlp_ratio=mlp_ratio,
-                  max_len=num_tokens, learned_bias=learned_bias, dropout=drop_rate, drop_path=rate)
-            for rate in drop_path_rates(drop_path_rate, depth)
-        ])
+        blocks = []
+        for index, rate in enumerate(drop_path_rates(drop_path_rate, depth)):
+            try:  # an option's value the mechanism refuses (num_queries=0): say which block
+                blocks.append(Block(embed_dim, num_heads, attentions[index], causal=False, mlp=mlps[index],
+                                    mlp_ratio=mlp_ratio, max_len=num_tokens, learned_bias=learned_bias,
+                                    dropout=drop_rate, drop_path=rate, attention_options=options[index]))
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"{owner} block {index} ({attentions[index]} attention): {error}") from None
+        self.blocks = nn.Sequential(*blocks)
         self.norm = nn.LayerNorm(embed_dim) if final_norm else nn.Identity()
         self.pool = FusedAttention(embed_dim, heads=num_heads) if global_pool == "fused" else None
         self.head_drop = nn.Dropout(drop_rate)
@@ -243,3 +289,9 @@ register("fused-pool-vit-tiny", "image", ImageTransformer, global_pool="fused", 
 # the controls of Bondarenko et al. 2023 for the outlier study (issue 13): clipped softmax and gated attention
 for attention in ("clipped", "gated"):
     register(f"{attention}-vit-tiny", "image", ImageTransformer, attention=attention, **TINY)
+# Issue 25: one softmax block among micro ones, and the in-context attention. Which block is softmax is a
+# placeholder (the third of four); the lead settles it by measurement.
+HYBRID_SOFTMAX_BLOCK = 2
+HYBRID_MICRO = ["softmax" if i == HYBRID_SOFTMAX_BLOCK else "micro" for i in range(TINY["depth"])]
+register("hybrid-micro-vit-tiny", "image", ImageTransformer, attention=HYBRID_MICRO, **TINY)
+register("incontext-vit-tiny", "image", ImageTransformer, attention="incontext", **TINY)

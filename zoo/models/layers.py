@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
 from collections.abc import Sequence
@@ -9,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from zoo.attention import KV_CACHED, FeedForward2, build
+from zoo.attention import KV_CACHED, MECHANISMS, FeedForward2, build
 from zoo.utils.checks import shown
 
 MLPS = ("mlp", "ffn2")
@@ -75,6 +77,57 @@ def check_choice(value, choices, what: str, owner: str):
     return value
 
 
+def check_options(attention: str, options: dict) -> dict:
+    """A mechanism's own options (micro's num_queries, clipped's alpha, ...), refused by name where its class
+    takes no such argument; the arguments the block itself sets (dim, heads, causal) are refused too."""
+    accepted = []
+    for cls in MECHANISMS[attention].__mro__:  # through **kwargs to the base class: clipped's dropout is softmax's
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        accepted += [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                     and p.name not in ("self", "dim", "heads", "causal", *accepted)]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"attention_options {unknown[0]!r} is not an option of the {attention} attention; it takes "
+                         f"{', '.join(accepted) or 'none'}")
+    return options
+
+
+def per_block(value, depth: int, choices, what: str, owner: str) -> list[str]:
+    """One name for every block, from one name or a list of `depth` names (e.g. attention=[micro, softmax]),
+    each checked against `choices`; a wrong one is refused naming its block and the closest choices."""
+    if not isinstance(value, (list, tuple)):  # one name for all: refused as before, even at depth 0
+        return [check_choice(value, choices, what, owner)] * depth
+    names = value
+    if len(names) != depth:
+        raise ValueError(f"{owner} {what} lists {len(names)} names, but depth={depth}: give one name per block, "
+                         f"or one name for all")
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or name not in choices:
+            close = difflib.get_close_matches(name, list(choices), n=3) if isinstance(name, str) else []
+            hint = f" (closest: {', '.join(close)})" if close else ""
+            raise ValueError(f"{owner} {what}[{index}] (block {index}) must be one of {list(choices)}, got "
+                             f"{shown(name)}{hint}")
+    return list(names)
+
+
+def per_block_options(options, depth: int, owner: str) -> list[dict]:
+    """attention_options for every block: None, one dict for all, or a list of `depth` dicts (None for none)."""
+    if options is None or isinstance(options, dict):
+        options = [options] * depth
+    if not isinstance(options, (list, tuple)) or len(options) != depth:
+        raise ValueError(f"{owner} attention_options must be a dict, or a list of {depth} dicts (one per block), "
+                         f"got {shown(options)}")
+    for index, item in enumerate(options):
+        if item is not None and not (isinstance(item, dict) and all(isinstance(k, str) for k in item)):
+            raise TypeError(f"{owner} attention_options[{index}] (block {index}) must be a dict of option names, "
+                            f"got {shown(item)}")
+    return [dict(item or {}) for item in options]
+
+
 class Mlp(nn.Sequential):
     def __init__(self, dim: int, ratio: float = 4.0, dropout: float = 0.0):
         hidden = int(dim * ratio)
@@ -96,6 +149,7 @@ class Block(nn.Module):
         learned_bias: bool = False,
         dropout: float = 0.0,
         drop_path: float = 0.0,
+        attention_options: dict | None = None,
     ):
         super().__init__()
         check_choice(mlp, MLPS, "mlp", "Block")
@@ -106,6 +160,9 @@ class Block(nn.Module):
             raise ValueError(f"learned_bias needs one of {list(KV_CACHED)} attentions, got attention={attention!r}")
         if attention == "elita":
             extra = {"max_len": max_len or 1024}
+        if attention == "incontext":  # softmax attention with a bias: its weights take the dropout as the family's
+            extra = {"dropout": dropout}
+        extra.update(check_options(attention, attention_options or {}))
         self.norm1 = nn.LayerNorm(dim)
         self.attn = build(attention, dim, heads=heads, causal=causal, **extra)
         # The residual stream between the two halves, which norm2 and the second sum both read:

@@ -95,6 +95,7 @@ def _config_json(model: nn.Module, extra: dict | None) -> dict:
     config = {
         "format_version": FORMAT_VERSION,
         "class": type(model).__name__,
+        "module": type(model).__module__,  # named in the error where the class is not registered; never imported
         "architecture": type(model).__name__,
         "model_name": getattr(model, "model_name", None),
         "args": model.config,
@@ -138,6 +139,7 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
     """
     from safetensors.torch import save_model
 
+    check_config_builds(model)
     path = Path(path)
     config = _config_json(model, extra)
 
@@ -147,6 +149,32 @@ def save_pretrained(model: nn.Module, path, card: str | None = None, extra: dict
         (staging / CARD).write_text(card if card is not None else model_card(model, path.name, config, path))
 
     return replace_folder(path, fill, is_release_folder, "release folder", overwrite)
+
+
+def check_config_builds(model: nn.Module) -> None:
+    """Refuse, before anything is written, a model whose weights are not those its config builds (a block
+    replaced after construction): its release folder would never load. The config's model is built on the
+    meta device (shapes, no storage) and the state dicts' names and shapes compared."""
+    owner = type(model).__name__
+    config = getattr(model, "config", None)
+    if not isinstance(config, dict):
+        raise TypeError(f"save_pretrained needs a model that keeps its constructor arguments in `config` (zoo's "
+                        f"families do), got {owner} without one")
+    try:
+        with torch.device("meta"):
+            built = type(model)(**config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{owner} cannot be saved: its config does not build it again ({e})") from None
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    want = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    differing = [f"{k}: the model has {own[k] if k in own else 'none'}, its config builds "
+                 f"{want[k] if k in want else 'none'}" for k in [*own, *(k for k in want if k not in own)]
+                 if own.get(k) != want.get(k)]
+    if differing:
+        raise ValueError(f"{owner} cannot be saved: its weights no longer match what its config builds (first "
+                         f"difference: {differing[0]}), so the folder would never load; a module replaced after "
+                         f"construction does this. Construct the model with the arguments instead (e.g. "
+                         f"attention=[...], attention_options={{...}}), then train or load weights into it")
 
 
 def _aliases(model: nn.Module) -> dict[str, set[str]]:

@@ -37,11 +37,50 @@ _ENTRIES: dict[str, Entry] = {}
 ARCHITECTURES: dict[str, type[nn.Module]] = {}
 
 
+FAMILIES = ("image", "fused", "text")  # what the training tasks take: zoo.training.task_class
+PLUGINS = "zoo.models"  # the entry-point group under which other packages declare their architectures
+
+
 def register(name: str, family: str, cls: type[nn.Module], default_tag: str | None = None, **kwargs) -> None:
+    """Register a model: `zoo.create(name)` builds `cls(**kwargs)`, and release folders of `cls` load by its class
+    name. Your own architecture registers the same way; its module must be imported before `zoo.load` reads
+    one of its folders, or declared under the `zoo.models` entry point of an installed package (then
+    `zoo.load` imports it on first need).
+
+    Args:
+        name: the model's name, e.g. "my-vit-tiny"; each name is registered once.
+        family: "image", "fused" or "text": which training task and data it takes.
+        cls: the model class; it keeps its constructor arguments in `self.config` (zoo.models.pretrained's
+            Releasable gives it `save_pretrained`).
+        default_tag: the checkpoint `zoo.load(name)` takes when several are shipped; default None.
+        **kwargs (Any): the constructor arguments of this name.
+    """
     if name in _ENTRIES:
         raise ValueError(f"model {name!r} is registered twice")
+    if family not in FAMILIES:
+        raise ValueError(f"register({name!r}) family must be one of {list(FAMILIES)}, got {family!r}")
+    known = ARCHITECTURES.get(cls.__name__)
+    if known is not None and known is not cls:
+        raise ValueError(f"register({name!r}): another class named {cls.__name__} ({known.__module__}) is registered; "
+                         "release folders name their class, so two architectures cannot share a name")
     _ENTRIES[name] = Entry(name, family, cls, kwargs, default_tag)
     ARCHITECTURES[cls.__name__] = cls
+
+
+_PLUGINS_LOADED = []
+
+
+def load_plugins() -> None:
+    """Import, once, the modules that installed packages declare under the `zoo.models` entry-point group:
+    each registers its architectures as it is imported. Only installed distributions declare them; zoo
+    never imports a module that a config file names."""
+    from importlib.metadata import entry_points
+
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED.append(True)
+    for point in entry_points(group=PLUGINS):
+        point.load()
 
 
 def _entries() -> dict[str, Entry]:
@@ -87,9 +126,42 @@ def create(name: str, *, max_parameters: int | None = None, device=None, dtype: 
         **overrides (Any): constructor arguments of the model's class that replace its registered defaults.
     """
     e = entry(name)
+    check_overrides(e, overrides)
     model = build(e.cls, {**e.kwargs, **overrides}, max_parameters, device, dtype)
     model.model_name = name
     return model
+
+
+def check_overrides(e: Entry, overrides: dict) -> None:
+    """Refuse a keyword the model's class does not take, in one line: for one of its mechanisms' own options
+    (micro's num_queries), say that it goes in attention_options."""
+    import inspect
+
+    from zoo.attention import MECHANISMS
+    from zoo.models.layers import check_options
+
+    def takes(mechanism: str, key: str) -> bool:
+        try:
+            return mechanism in MECHANISMS and check_options(mechanism, {key: None}) is not None
+        except ValueError:
+            return False
+
+    accepted = inspect.signature(e.cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return
+    unknown = [key for key in overrides if key not in accepted]
+    if not unknown:
+        return
+    key, value = unknown[0], overrides[unknown[0]]
+    attention = overrides.get("attention", e.kwargs.get("attention", "softmax"))
+    mechanisms = [attention] if isinstance(attention, str) else attention if isinstance(attention, list) else []
+    owners = [m for m in dict.fromkeys(mechanisms) if isinstance(m, str) and takes(m, key)]
+    if owners and "attention_options" in accepted:
+        raise TypeError(f"{key} is an option of the {' and '.join(owners)} attention, not of {e.cls.__name__}: pass "
+                        f"attention_options={{{key!r}: {value!r}}}")
+    close = difflib.get_close_matches(key, list(accepted), n=3)
+    hint = f" (closest: {', '.join(close)})" if close else ""
+    raise TypeError(f"{e.name} ({e.cls.__name__}) takes no argument {key!r}{hint}; it takes {', '.join(accepted)}")
 
 
 def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, device=None,

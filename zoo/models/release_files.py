@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.models.registry import ARCHITECTURES, _entries
+from zoo.models.registry import ARCHITECTURES, PLUGINS, _entries, load_plugins
 
 CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "README.md"
 RELEASE_FILES = (CONFIG, WEIGHTS, CARD)
@@ -83,13 +83,21 @@ def read_config(data: bytes, file: Path) -> dict:
                          f"reads format_version {FORMAT_VERSION}: upgrade zoo (pip install -U attention-zoo)")
     _entries()  # make sure every architecture is registered
     arch = config.get("class")
+    if isinstance(arch, str) and arch not in ARCHITECTURES:
+        load_plugins()
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
-        raise ValueError(f"{file}: class {arch!r} is not a zoo architecture; zoo knows {sorted(ARCHITECTURES)}")
+        module = config.get("module")
+        hint = (f"; it was saved from the module {module!r}: import it before zoo.load (its import registers "
+                f"{arch}), or install a package that declares it under the {PLUGINS!r} entry point"
+                if isinstance(module, str) and all(part.isidentifier() for part in module.split(".")) else "")
+        raise ValueError(f"{file}: class {arch!r} is not a registered architecture{hint}; zoo knows "
+                         f"{sorted(ARCHITECTURES)}")
     args = config.get("args")
     if not isinstance(args, dict):
         raise ValueError(f"{file}: args must be a JSON object of {arch}'s arguments, got {type(args).__name__}")
     accepted = inspect.signature(ARCHITECTURES[arch]).parameters
-    unknown = sorted(set(args) - set(accepted))
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())  # a subclass's **kwargs
+    unknown = [] if open_ended else sorted(set(args) - set(accepted))
     if unknown:
         raise ValueError(f"{file}: args.{unknown[0]} is not an argument of {arch}; it takes {', '.join(accepted)}")
     return config

@@ -2,11 +2,15 @@
 
 Token embedding, a position embedding that is learned, sinusoidal or absent (micro
 and elita carry order in their running sums and need none), causal blocks, and an
-output layer tied to the embedding. `generate` decodes with each block's recurrent
-state: a KV cache for softmax and quiet, a constant-size state for micro and elita.
+output layer tied to the embedding. Each block may have its own attention (a hybrid:
+linear-time blocks with a few softmax ones). `generate` decodes with each block's
+recurrent state: a KV cache for the softmax family and incontext, a constant-size
+state for micro and elita.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 import torch.nn.functional as F
@@ -15,11 +19,28 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.attention import KV_CACHED
 from zoo.models.arguments import flag, integer, number, transformer_sizes
-from zoo.models.layers import MLPS, POSITIONS, Block, check_choice, sincos_encoding
+from zoo.models.layers import (
+    MLPS,
+    POSITIONS,
+    Block,
+    check_choice,
+    check_options,
+    per_block,
+    per_block_options,
+    sincos_encoding,
+)
 from zoo.models.pretrained import Releasable
 from zoo.models.registry import register
 from zoo.models.tokenizer import tokenizer_from_dict
 from zoo.utils.checks import check_data, check_padding_mask, shown
+
+# The causal mechanisms a block may have; the last three carry order themselves (running sums, ELiTA's
+# positions, in-context positions), the softmax family (KV_CACHED) through its causal mask (and rope or alibi
+# where its attention_options ask for them).
+CAUSAL = (*KV_CACHED, "micro", "elita", "incontext")
+# Positions that the softmax family's blocks apply to queries and keys (zoo/attention/positions.py) rather than
+# an embedding added at the input: relative, so they reach any length.
+ROTARY_OR_ALIBI = ("rope", "alibi")
 
 
 class TextTransformer(Releasable, nn.Module):
@@ -28,28 +49,54 @@ class TextTransformer(Releasable, nn.Module):
     Token ids (batch, length) are embedded, given positions, passed through `depth` causal pre-norm blocks
     and a final LayerNorm, and read out by an output layer tied to the token embedding: `forward` gives the
     next-token logits (batch, length, vocab_size). `generate` samples continuations, decoding with each
-    block's recurrent state (a KV cache for the softmax family, a constant-size state for micro and elita).
+    block's recurrent state (a KV cache for the softmax family, keys, values and gate sums for incontext, a
+    constant-size state for micro and elita).
+
+    Each block may have its own attention and MLP (a hybrid, e.g. attention=["micro", "micro", "softmax",
+    "micro"]: linear time in most blocks, exact recall in one), and its mechanism's own options.
+
+    Positions: the position embedding (pos_embed) is added once, to the token embeddings at the input, whatever
+    the blocks are; it is never dropped. micro, elita and incontext blocks carry order themselves (running sums,
+    ELiTA's positions, in-context positions), so hybrids of them and their registered models use
+    pos_embed="none". A block of the softmax family sees order only through its causal mask, unless its
+    attention_options give it positions of its own ({"positions": "rope"} or "alibi", where its mechanism
+    takes them). zoo refuses no combination: as before hybrids, a softmax model with pos_embed="none" is
+    allowed (a causal mask lets it infer positions, Kazemnejad et al. 2023).
 
     Args:
         vocab_size: the number of token ids, an int >= 1 (default 65, Shakespeare's characters); must equal
             the tokenizer's.
         context_length: the longest sequence, an int >= 1 (default 256): with pos_embed="learned" the number
             of learned positions (`generate` then slides a window of this many tokens); n in ELiTA's
-            positions with attention="elita"; otherwise no limit.
+            positions in elita blocks (their max_len); otherwise no limit.
         embed_dim: the token width, an int >= 1 divisible by `num_heads` (default 128).
         depth: the number of transformer blocks, an int >= 0 (default 4).
         num_heads: the attention heads per block, an int >= 1 (default 4).
         mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
             hidden unit (default 4); unused with mlp="ffn2".
-        attention: the blocks' causal attention: "softmax" (default), "quiet", "clipped", "gated", "micro" or
-            "elita" (see zoo.attention).
-        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2).
+        attention: the blocks' causal attention: "softmax" (default), "quiet", "clipped", "gated", "micro",
+            "elita" or "incontext" (see zoo.attention); or a list of `depth` such names, one per block.
+        mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2);
+            or a list of `depth` such names, one per block.
         pos_embed: the position encoding: "learned" (default), "sincos" (fixed sine-cosine, any length) or
-            "none" (micro and elita carry order in their running sums).
-        drop_rate: the dropout probability, in [0, 1), on the embeddings, the MLPs and the softmax-family
-            attention weights (default 0).
+            "none" (micro, elita and incontext blocks carry order themselves), added once at the input; or
+            "rope" (rotary, Su et al. 2021) or "alibi" (Press et al. 2022), applied to the queries and keys of
+            every softmax-family block (nothing is added at the input; relative, so any length).
+        drop_rate: the dropout probability, in [0, 1), on the embeddings, the MLPs and the attention weights of
+            the softmax family and incontext (default 0).
         tokenizer: the tokenizer as its `to_dict()`, carried in the config so that `generate` takes and returns
             text; default None (token ids only).
+        attention_options: the mechanisms' own arguments (micro's num_queries, elita's max_len and pos_dim,
+            clipped's alpha, incontext's num_positions, dropout, ...): one dict for every block, or a list of
+            `depth` dicts (or None), one per block; JSON values. An option the block's mechanism does not take
+            is refused naming the block. Default None: the mechanisms' defaults (with max_len = context_length
+            for elita and the softmax family, dropout = drop_rate for the softmax family and incontext).
+        tie_embeddings: the output layer shares the token embedding's weights (default True, as GPT-2 and the
+            shipped models); False gives it weights of its own.
+        embed_std: the standard deviation of the token embedding's initial weights, a number in (0, 100]
+            (default 0.02, GPT-2's). At width 64, recall (MQAR) forms within 1,000 steps with
+            tie_embeddings=False and embed_std=1.0 (PyTorch's own defaults) and took about 8,000 with the
+            defaults: the small embeddings are drowned in the residual stream (bench/capabilities.py).
     """
 
     def __init__(
@@ -60,11 +107,14 @@ class TextTransformer(Releasable, nn.Module):
         depth: int = 4,
         num_heads: int = 4,
         mlp_ratio: float = 4.0,
-        attention: str = "softmax",
-        mlp: str = "mlp",
+        attention: str | list[str] = "softmax",
+        mlp: str | list[str] = "mlp",
         pos_embed: str = "learned",
         drop_rate: float = 0.0,
         tokenizer: dict | None = None,
+        attention_options: dict | list[dict | None] | None = None,
+        tie_embeddings: bool = True,
+        embed_std: float = 0.02,
     ):
         super().__init__()
         owner = type(self).__name__
@@ -74,17 +124,43 @@ class TextTransformer(Releasable, nn.Module):
             owner, embed_dim, depth, num_heads, mlp_ratio, drop_rate)
         if tokenizer is not None and not isinstance(tokenizer, dict):
             raise TypeError(f"{owner} tokenizer must be a dict (a tokenizer's to_dict()) or None, got {tokenizer!r}")
-        check_choice(attention, (*KV_CACHED, "micro", "elita"), "attention", owner)
-        check_choice(mlp, MLPS, "mlp", owner)
-        check_choice(pos_embed, POSITIONS, "pos_embed", owner)
+        attentions = per_block(attention, depth, CAUSAL, "attention", owner)
+        mlps = per_block(mlp, depth, MLPS, "mlp", owner)
+        options = per_block_options(attention_options, depth, owner)
+        for index, (name, given) in enumerate(zip(attentions, options)):
+            try:
+                check_options(name, given)
+            except ValueError as e:
+                raise ValueError(f"{owner} block {index}: {e}") from None
+        try:  # the config is written as JSON: a tensor or a set in the options would fail only when saved
+            json.dumps(attention_options, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{owner} attention_options must hold JSON values (numbers, strings, lists), got "
+                            f"{shown(attention_options)}: {e}") from None
+        check_choice(pos_embed, (*POSITIONS, *ROTARY_OR_ALIBI), "pos_embed", owner)
+        named = [attention] if isinstance(attention, str) else attentions  # depth 0 counts the parameters
+        if pos_embed in ROTARY_OR_ALIBI and not any(name in KV_CACHED for name in named):
+            raise ValueError(f"{owner} pos_embed={pos_embed!r} acts inside the softmax family's blocks "
+                             f"({', '.join(KV_CACHED)}), and this model has none: {named}; use 'none', "
+                             "'learned' or 'sincos'")
         self.tokenizer = tokenizer_from_dict(tokenizer) if tokenizer else None
         if self.tokenizer is not None and self.tokenizer.vocab_size != vocab_size:
             raise ValueError(f"{owner} vocab_size={vocab_size}, but its tokenizer has {self.tokenizer.vocab_size}")
+        # one name stays a string, a list a list (JSON gives lists back); attention_options is kept only when
+        # given, so that a single-mechanism model's config is what it always was
         self.config = dict(
             vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim, depth=depth,
-            num_heads=num_heads, mlp_ratio=mlp_ratio, attention=attention, mlp=mlp, pos_embed=pos_embed,
-            drop_rate=drop_rate, tokenizer=tokenizer,
+            num_heads=num_heads, mlp_ratio=mlp_ratio, attention=_as_given(attention), mlp=_as_given(mlp),
+            pos_embed=pos_embed, drop_rate=drop_rate, tokenizer=tokenizer,
         )
+        if attention_options is not None:
+            self.config["attention_options"] = _as_given(attention_options)
+        tie_embeddings = flag(tie_embeddings, "tie_embeddings", owner)
+        embed_std = number(embed_std, "embed_std", owner, include_minimum=False, maximum=100.0)
+        for name, value, default in (("tie_embeddings", tie_embeddings, True), ("embed_std", embed_std, 0.02)):
+            if value != default:  # likewise kept only where they differ from the defaults the shipped models had
+                self.config[name] = value
+        self.attentions = attentions  # one name per block
         self.vocab_size, self.context_length, self.pos_kind = vocab_size, context_length, pos_embed
         self.tok_embed = nn.Embedding(vocab_size, embed_dim)
         if pos_embed == "learned":
@@ -92,15 +168,20 @@ class TextTransformer(Releasable, nn.Module):
         else:
             self.pos_embed = None
         self.drop = nn.Dropout(drop_rate)
-        self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, attention, causal=True, mlp=mlp, mlp_ratio=mlp_ratio,
-                  max_len=context_length, dropout=drop_rate)
-            for _ in range(depth)
-        ])
+        self.blocks = nn.ModuleList()
+        for index, (name, block_mlp, given) in enumerate(zip(attentions, mlps, options)):
+            if pos_embed in ROTARY_OR_ALIBI and name in KV_CACHED:  # positions inside the softmax family's blocks
+                given = {"positions": pos_embed, **given}
+            try:  # an option's value the mechanism refuses (num_queries=0): say which block
+                self.blocks.append(Block(embed_dim, num_heads, name, causal=True, mlp=block_mlp, mlp_ratio=mlp_ratio,
+                                         max_len=context_length, dropout=drop_rate, attention_options=given))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{owner} block {index} ({name}): {e}") from None
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, vocab_size, bias=False)
-        self.head.weight = self.tok_embed.weight  # tied
-        nn.init.normal_(self.tok_embed.weight, std=0.02)
+        if tie_embeddings:
+            self.head.weight = self.tok_embed.weight
+        nn.init.normal_(self.tok_embed.weight, std=embed_std)
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "tok_embed.weight"}
@@ -379,6 +460,15 @@ class TextTransformer(Releasable, nn.Module):
         return idx.to(device=self.head.weight.device, dtype=torch.long)
 
 
+def _as_given(value):
+    """A constructor argument as the config keeps it: tuples as lists, dicts copied, so that JSON gives it back."""
+    if isinstance(value, (list, tuple)):
+        return [_as_given(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_given(v) for k, v in value.items()}
+    return value
+
+
 MAX_NEW_TOKENS = 1_000_000
 
 
@@ -423,3 +513,17 @@ for attention, prefix, pos in (("softmax", "gpt", "learned"), ("quiet", "quiet-g
         register(f"{prefix}-{size}", "text", TextTransformer, attention=attention, pos_embed=pos, mlp=mlp, **dims)
 for attention in ("clipped", "gated"):  # the controls of Bondarenko et al. 2023 for the outlier study
     register(f"{attention}-gpt-tiny", "text", TextTransformer, attention=attention, pos_embed="learned", **TINY)
+# Hybrids (issue 25): linear-time blocks with one softmax block, for recall. Which block holds it is provisional:
+# the lead settles it by measurement (MQAR accuracy and decoding time for each choice).
+SOFTMAX_BLOCK = 2
+
+
+def _hybrid(linear: str) -> list[str]:
+    return ["softmax" if index == SOFTMAX_BLOCK else linear for index in range(TINY["depth"])]
+
+
+register("hybrid-micro-gpt-tiny", "text", TextTransformer, attention=_hybrid("micro"), pos_embed="none", mlp="mlp",
+         **TINY)
+register("hybrid-elita-gpt-tiny", "text", TextTransformer, attention=_hybrid("elita"), pos_embed="none", mlp="ffn2",
+         **TINY)
+register("incontext-gpt-tiny", "text", TextTransformer, attention="incontext", pos_embed="none", **TINY)

@@ -1,0 +1,121 @@
+"""Your own architecture in zoo (issue 25): a registered subclass saves and loads like ours; a release folder of a
+class that is not registered is refused naming the module to import; an installed package declares its
+architectures under the `zoo.models` entry point and `zoo.load` imports it on first need. Each case runs in
+a fresh interpreter, so that what one registers cannot leak into another."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# a user's package: a ViT subclass with an argument of its own and **kwargs passed on
+PLUGIN = textwrap.dedent('''
+    import torch
+    from zoo.models import ImageTransformer
+    from zoo.models.registry import register
+
+    class ScaledViT(ImageTransformer):
+        def __init__(self, scale: float = 1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.scale = scale
+            self.config = {**self.config, "scale": scale}
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    register("scaled-vit-tiny", "image", ScaledViT, scale=2.0, img_size=28, patch_size=7, in_chans=1,
+             num_classes=10, embed_dim=32, depth=1, num_heads=2)
+''')
+
+
+def run(code: str, tmp_path, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    path = [str(tmp_path / "site")] + ([extra_path] if extra_path else [])
+    env_code = f"import sys; sys.path[:0] = {path!r}\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    site = tmp_path / "site"
+    (site / "userzoo").mkdir(parents=True)
+    (site / "userzoo" / "__init__.py").write_text("")
+    (site / "userzoo" / "models.py").write_text(PLUGIN)
+    return site
+
+
+def test_a_registered_subclass_round_trips_through_a_release_folder(plugin, tmp_path):
+    done = run(f'''
+        import torch, zoo, userzoo.models
+        model = zoo.create("scaled-vit-tiny").eval()
+        x = torch.rand(2, 1, 28, 28)
+        model.save_pretrained({str(tmp_path / "rel")!r})
+        again = zoo.load({str(tmp_path / "rel")!r})
+        assert type(again).__name__ == "ScaledViT" and again.scale == 2.0, again
+        plain = zoo.models.ImageTransformer(**{{k: v for k, v in model.config.items() if k != "scale"}})
+        plain.load_state_dict(model.state_dict())
+        # the subclass's own argument took effect: twice the plain ViT's logits (an independent reference)
+        torch.testing.assert_close(again(x), 2 * plain.eval()(x))
+        print("ok")
+    ''', tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_an_unregistered_class_is_refused_naming_its_module(plugin, tmp_path):
+    saved = run(f'''
+        import zoo, userzoo.models
+        zoo.create("scaled-vit-tiny").save_pretrained({str(tmp_path / "rel")!r})
+    ''', tmp_path)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    loaded = run(f'''
+        import zoo
+        zoo.load({str(tmp_path / "rel")!r})
+    ''', tmp_path)
+    assert loaded.returncode != 0
+    last = loaded.stderr.strip().splitlines()[-1]
+    assert "class 'ScaledViT' is not a registered architecture" in last
+    assert "saved from the module 'userzoo.models': import it before zoo.load" in last
+    # and it was not imported for the message: zoo never imports a module that a config names
+    imported = run(f'''
+        import sys, zoo
+        try:
+            zoo.load({str(tmp_path / "rel")!r})
+        except ValueError:
+            print("userzoo.models" in sys.modules)
+    ''', tmp_path)
+    assert imported.stdout.strip() == "False", imported.stderr[-2000:]
+
+
+def test_an_entry_point_registers_on_first_need(plugin, tmp_path):
+    # an installed distribution's metadata, as pip writes it, declaring the plugin module
+    dist = plugin / "userzoo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: userzoo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[zoo.models]\nuserzoo = userzoo.models\n")
+    saved = run(f'''
+        import zoo, userzoo.models
+        zoo.create("scaled-vit-tiny").save_pretrained({str(tmp_path / "rel")!r})
+    ''', tmp_path)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    loaded = run(f'''
+        import sys, zoo
+        model = zoo.load({str(tmp_path / "rel")!r})
+        print(type(model).__name__, "userzoo.models" in sys.modules)
+    ''', tmp_path)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "ScaledViT True", loaded.stderr[-2000:]
+
+
+def test_two_architectures_cannot_share_a_class_name():
+    from torch import nn
+
+    from zoo.models.registry import register
+
+    class ImageTransformer(nn.Module):  # not zoo's, but named as it is
+        pass
+
+    with pytest.raises(ValueError, match="another class named ImageTransformer .* is registered"):
+        register("impostor-vit", "image", ImageTransformer)
+    with pytest.raises(ValueError, match=r"family must be one of \['image', 'fused', 'text'\], got 'audio'"):
+        register("audio-net", "audio", nn.Linear)
