@@ -12,6 +12,8 @@ recipes=("$@")
 if [ ${#recipes[@]} -eq 0 ]; then
   recipes=(micro-vit-tiny.mnist fused-pool-vit-tiny.mnist fused-1d-tiny.mnist1d fused-3d-tiny.adrenal
            gpt-tiny.shakespeare quiet-gpt-tiny.shakespeare micro-gpt-tiny.shakespeare elita-gpt-tiny.shakespeare
+           incontext-gpt-tiny.shakespeare hybrid-micro-gpt-tiny.shakespeare hybrid-elita-gpt-tiny.shakespeare
+           hybrid-micro-vit-tiny.mnist incontext-vit-tiny.mnist
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion)
 fi

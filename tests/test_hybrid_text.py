@@ -86,8 +86,8 @@ def test_a_single_name_model_keeps_its_config_and_the_shipped_checkpoints_load()
 
 
 def test_registered_hybrids_and_incontext():
-    names = {"hybrid-micro-gpt-tiny": ["micro", "micro", "softmax", "micro"],
-             "hybrid-elita-gpt-tiny": ["elita", "elita", "softmax", "elita"],
+    names = {"hybrid-micro-gpt-tiny": ["micro", "micro", "micro", "softmax"],
+             "hybrid-elita-gpt-tiny": ["elita", "elita", "elita", "softmax"],
              "incontext-gpt-tiny": ["incontext"] * 4}
     classes = {"micro": MicroAttention, "elita": ElitaAttention, "softmax": SoftmaxAttention,
                "incontext": InContextAttention}
@@ -275,7 +275,7 @@ def test_a_hybrids_card_header_is_yaml_with_a_tag_per_mechanism(tmp_path):
     folder = zoo.create("hybrid-micro-gpt-tiny").save_pretrained(tmp_path / "m")
     header = yaml.safe_load((folder / "README.md").read_text().split("---")[1])
     assert header["tags"][-2:] == ["micro-attention", "softmax-attention"]
-    assert "(per-block micro/micro/softmax/micro attention;" in (folder / "README.md").read_text()
+    assert "(per-block micro/micro/micro/softmax attention;" in (folder / "README.md").read_text()
 
 
 def test_the_parameter_budget_counts_a_hybrids_blocks_each():

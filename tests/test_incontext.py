@@ -361,3 +361,28 @@ def test_swap_from_a_learned_bias_says_it_is_dropped(caplog):
     assert isinstance(new, InContextAttention) and new.causal and new.heads == 2
     assert "kept q, k, v and the output projection; its learned bias is dropped" in caplog.text
     assert torch.equal(new.qkv.weight, layer.qkv.weight)
+
+
+def test_viz_captures_the_weights_that_make_the_output_and_pictures_the_bias():
+    import zoo
+    import zoo.viz as V
+    from zoo.viz import capture
+
+    torch.manual_seed(0)
+    model = zoo.create("incontext-gpt-tiny", depth=1).eval()
+    layer = model.blocks[0].attn
+    for weight in (p for p in layer.parameters() if p.dim() > 1):  # tables off their zero start: a visible bias
+        torch.nn.init.normal_(weight, std=0.3)
+    x = torch.randint(0, model.vocab_size, (1, 10))
+    seen = {}
+    layer.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], y=out))
+    with capture(model) as maps:
+        model(x)
+    (m,) = maps
+    _, _, v = layer._split_heads(seen["x"])
+    mixed = (m.weights.to(v.dtype) @ v).transpose(1, 2).reshape(1, 10, -1)  # the heads' outputs, side by side
+    torch.testing.assert_close(layer.proj(mixed), seen["y"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m.extra["bias"], layer.position_bias(seen["x"]))
+    assert m.extra["bias"].abs().max() > 0.1  # the bias is there to be seen
+    pictures = V.pictures(model, x)
+    assert pictures["incontext_bias"][1]["bias"].shape == (1, layer.heads, 10, 10)

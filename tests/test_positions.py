@@ -343,7 +343,7 @@ def test_text_models_take_rope_and_alibi_as_their_positions(positions, tmp_path)
     model = zoo.create("gpt-tiny", pos_embed=positions, context_length=32, depth=2).eval()
     assert model.pos_embed is None and all(block.attn.positions == positions for block in model.blocks)
     hybrid = zoo.create("hybrid-micro-gpt-tiny", pos_embed=positions)
-    assert [getattr(block.attn, "positions", None) for block in hybrid.blocks] == [None, None, positions, None]
+    assert [getattr(block.attn, "positions", None) for block in hybrid.blocks] == [None, None, None, positions]
     x = torch.randint(0, model.vocab_size, (2, 128))  # 4x the context: relative positions have no table to end
     with torch.no_grad():
         full = model(x)

@@ -45,7 +45,8 @@ def test_every_image_model_and_checkpoint_is_in_timms_registry():
     assert {"micro_vit_tiny", "vit_tiny", "fused_2d_tiny", "fused_pool_vit_tiny"} <= set(NAMES)
     assert "fused_1d_tiny" not in NAMES and "fused_3d_tiny" not in NAMES  # timm's pipeline makes 2-D images
     assert set(TAGGED) == set(timm.list_pretrained("*")) & {t for t in TAGGED}
-    assert len(TAGGED) == 9  # 8 ViT checkpoints (4 attentions x MNIST/Fashion) and fused-2d-tiny.mnist
+    # 8 ViT checkpoints (4 attentions x MNIST/Fashion), fused-2d-tiny.mnist and issue 25's two MNIST ViTs
+    assert len(TAGGED) == 11
     for name in NAMES:  # the default tag is timm's default: zoo.load(name) and create_model(name) agree
         default = zoo.models.registry.entry(name.replace("_", "-")).default_tag
         if zoo.models.registry.pretrained_tags(name.replace("_", "-")):

@@ -22,7 +22,9 @@ class Entry:
 
     @property
     def attention(self) -> str:
-        return self.kwargs.get("attention", "softmax")
+        """The mechanism's name; a hybrid's, one per block, joined by "/" (micro/micro/softmax/micro)."""
+        attention = self.kwargs.get("attention", "softmax")
+        return attention if isinstance(attention, str) else "/".join(attention)
 
 
 def in_timm(e: Entry) -> bool:

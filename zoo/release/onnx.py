@@ -10,9 +10,10 @@ The folder holds
                    classifier, the tokenizer of a text model
     README.md
 Every graph is run in ONNX Runtime on inputs of another batch size (and length) than it was
-traced with and compared with eager PyTorch; a largest absolute difference above `tolerance`
-fails the export. The folder is built beside OUTDIR and moved there only when every check
-passed (zoo/utils/atomic.py), so a failed export leaves nothing half-written.
+traced with and compared with eager PyTorch; a largest difference above `tolerance` (absolute,
+and relative to the value where it exceeds 1) fails the export. The folder is built beside OUTDIR
+and moved there only when every check passed (zoo/utils/atomic.py), so a failed export leaves
+nothing half-written.
 """
 
 from __future__ import annotations
@@ -114,10 +115,15 @@ def _export_and_check(module, args, dynamic, inputs, outputs, check, file: Path,
         want = _as_tuple(module(*check))
     if len(got) != len(want):
         raise OnnxExportError(f"{file.name} gives {len(got)} outputs in ONNX Runtime, PyTorch {len(want)}")
-    diff = max(float((torch.as_tensor(g) - w).abs().max()) if w.numel() else 0.0 for g, w in zip(got, want))
-    if not diff <= tolerance:
-        raise OnnxExportError(f"{file.name} differs from PyTorch by {diff:.3g} in ONNX Runtime, more than the "
-                              f"tolerance {tolerance:g}; nothing was written")
+    pairs = [(torch.as_tensor(g), w) for g, w in zip(got, want) if w.numel()]
+    diff = max((float((g - w).abs().max()) for g, w in pairs), default=0.0)
+    # relative where values exceed 1: a recurrent state's running sums reach hundreds, and float32 holds
+    # about 7 digits of them, whichever runtime adds them up
+    excess = max((float(((g - w).abs() / w.abs().clamp(min=1)).max()) for g, w in pairs), default=0.0)
+    if not excess <= tolerance:
+        raise OnnxExportError(f"{file.name} differs from PyTorch by {diff:.3g} in ONNX Runtime ({excess:.3g} "
+                              f"relative to values above 1), more than the tolerance {tolerance:g}; nothing was "
+                              "written")
     return diff
 
 

@@ -141,6 +141,14 @@ def _input_pictures(model: nn.Module, x: torch.Tensor, grid) -> dict[str, tuple]
             out["attention_tokens"] = (figures.token_figure(tokens, weights[-1].mean(0),
                                                             "last layer, mean over heads"),
                                        {"weights": weights[-1].mean(0).numpy()})
+    incontext = [m for m in maps if m.kind == "incontext"]
+    if incontext:  # the bias the activations made, per layer and head (query x key, first input)
+        bias = torch.stack([m.extra["bias"][0] for m in incontext])  # (layers, heads, L, L)
+        labels = [f"{m.layer} head {h}" for m in incontext for h in range(bias.shape[1])]
+        out["incontext_bias"] = (figures.heatmaps_figure(bias.flatten(0, 1), labels,
+                                                         title="in-context position bias (query x key)"),
+                                 {"bias": bias.numpy(),
+                                  "positions": torch.stack([m.extra["positions"][0] for m in incontext]).numpy()})
     quiet = [m for m in maps if "nothing" in m.extra]
     if quiet:
         nothing = torch.stack([m.extra["nothing"][0].mean(-1) for m in quiet])  # (layers, heads)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zoo.attention import ElitaAttention, FusedAttention, MicroAttention, SoftmaxAttention
+from zoo.attention import ElitaAttention, FusedAttention, InContextAttention, MicroAttention, SoftmaxAttention
 from zoo.attention.attend import allowed_keys, attention_weights
 from zoo.attention.elita import _PAD_LOGIT
 from zoo.utils.checks import zero_padding
@@ -34,9 +34,9 @@ from zoo.utils.checks import zero_padding
 @dataclass
 class AttentionMap:
     layer: str  # the module's name in the model, e.g. "blocks.2.attn"
-    kind: str  # softmax, quiet, clipped, gated, micro, elita or fused
+    kind: str  # softmax, quiet, clipped, gated, micro, elita, incontext or fused
     weights: torch.Tensor | None = None  # (B, H, L, L)
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # nothing, scores or alpha
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # nothing, scores, alpha, or bias and positions
 
 
 @torch.no_grad()
@@ -54,6 +54,16 @@ def _softmax(module: SoftmaxAttention, x, mask) -> AttentionMap:
         extra["gate"] = gates[..., 0]  # (B, H, L): how much of each head's output passes
     kind = "quiet" if module.quiet else "clipped" if "nothing" in extra else "gated" if gates is not None else "softmax"
     return AttentionMap("", kind, weights, extra)
+
+
+@torch.no_grad()
+def _incontext(module: InContextAttention, x, mask) -> AttentionMap:
+    """Its weights, and in `extra` the bias the activations made (B, H, L, L) and the contextual positions."""
+    x = zero_padding(x, mask)
+    q, k, _ = module._split_heads(x)
+    bias = module.position_bias(x, mask)
+    weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask, bias=bias)
+    return AttentionMap("", "incontext", weights, {"bias": bias, "positions": module.positions(x, mask)})
 
 
 @torch.no_grad()
@@ -87,7 +97,8 @@ def _fused(module: FusedAttention, x, mask) -> AttentionMap:
     return AttentionMap("", "fused", None, {"alpha": module.alpha(x, mask)})
 
 
-READERS = ((FusedAttention, _fused), (MicroAttention, _micro), (ElitaAttention, _elita), (SoftmaxAttention, _softmax))
+READERS = ((FusedAttention, _fused), (MicroAttention, _micro), (ElitaAttention, _elita),
+           (InContextAttention, _incontext), (SoftmaxAttention, _softmax))
 
 
 @contextlib.contextmanager
