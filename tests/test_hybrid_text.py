@@ -290,3 +290,27 @@ def test_the_parameter_budget_counts_a_hybrids_blocks_each():
         outside = sum(p.numel() for n, p in single["softmax"].named_parameters() if not n.startswith("blocks."))
         assert parameter_count(e.cls, e.kwargs) == outside + sum(blocks) == \
             sum(p.numel() for p in zoo.create(name).parameters())
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (dict(tie_embeddings="yes"), TypeError, "tie_embeddings must be true or false, got 'yes'"),
+    (dict(embed_std=0), ValueError, r"embed_std must be a finite number in \(0.0, 100.0\], got 0"),
+    (dict(embed_std=float("nan")), ValueError, "embed_std must be a finite number .* got nan"),
+    (dict(embed_std=1e9), ValueError, "embed_std must be a finite number .* got 1000000000.0"),
+    (dict(attention_options={"dropout": float("nan")}), TypeError, "attention_options must hold JSON values"),
+    (dict(pos_embed="rope", embed_dim=12, num_heads=4), ValueError, r"block 0 \(softmax\): .* even head width"),
+])
+def test_the_calibration_and_position_arguments_refuse_what_they_cannot_build(overrides, error, message):
+    with pytest.raises(error, match=message):
+        zoo.create("gpt-tiny", **overrides)
+
+
+def test_an_untied_output_layer_with_its_own_init_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = zoo.create("gpt-tiny", tie_embeddings=False, embed_std=1.0, depth=1).eval()
+    assert model.head.weight is not model.tok_embed.weight
+    assert 0.9 < float(model.tok_embed.weight.std()) < 1.1  # the init asked for, not GPT-2's 0.02
+    again = zoo.load(model.save_pretrained(tmp_path / "untied"))
+    assert again.config["tie_embeddings"] is False and again.head.weight is not again.tok_embed.weight
+    x = torch.randint(0, model.vocab_size, (2, 16))
+    torch.testing.assert_close(again(x), model(x))

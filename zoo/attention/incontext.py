@@ -158,10 +158,19 @@ class InContextAttention(nn.Module):
             x: the tokens, (batch, length, dim).
             key_padding_mask: (batch, length) bool, True for real tokens; padded tokens count 0.
         """
+        x, key_padding_mask = self._checked(x, key_padding_mask)
+        return self._positions(self._gates(x, key_padding_mask))
+
+    def _checked(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None):
+        """x checked and zeroed at padding, and the checked mask: the pictures' inputs, as forward's."""
         owner = type(self).__name__
         check_tokens(x, self.dim, owner)
         key_padding_mask = check_padding_mask(key_padding_mask, x, owner)
-        return self._positions(self._gates(zero_padding(x, key_padding_mask), key_padding_mask))
+        return zero_padding(x, key_padding_mask), key_padding_mask
+
+    def _bias(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """interp(B_i, p_ij) of checked, zeroed tokens."""
+        return self._interpolate(self._tables(x), self._positions(self._gates(x, key_padding_mask)))
 
     @staticmethod
     def _positions(gates: torch.Tensor) -> torch.Tensor:
@@ -181,11 +190,7 @@ class InContextAttention(nn.Module):
             x: the tokens, (batch, length, dim).
             key_padding_mask: (batch, length) bool, True for real tokens; padded tokens count 0.
         """
-        owner = type(self).__name__
-        check_tokens(x, self.dim, owner)
-        key_padding_mask = check_padding_mask(key_padding_mask, x, owner)
-        x = zero_padding(x, key_padding_mask)
-        return self._interpolate(self._tables(x), self._positions(self._gates(x, key_padding_mask)))
+        return self._bias(*self._checked(x, key_padding_mask))
 
     def _split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, _ = x.shape
@@ -220,7 +225,7 @@ class InContextAttention(nn.Module):
         attn_mask = check_attn_mask(attn_mask, x.shape[0], self.heads, n, n, x.device, owner)
         x = zero_padding(x, key_padding_mask)
         q, k, v = self._split_heads(x)
-        bias = self._interpolate(self._tables(x), self._positions(self._gates(x, key_padding_mask)))
+        bias = self._bias(x, key_padding_mask)
         out = attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, bias=bias,
                      dropout_p=self.dropout if self.training else 0.0, attn_mask=attn_mask)
         return zero_padding(self._merge_heads(out), key_padding_mask)

@@ -61,9 +61,10 @@ def _incontext(module: InContextAttention, x, mask) -> AttentionMap:
     """Its weights, and in `extra` the bias the activations made (B, H, L, L) and the contextual positions."""
     x = zero_padding(x, mask)
     q, k, _ = module._split_heads(x)
-    bias = module.position_bias(x, mask)
+    positions = module._positions(module._gates(x, mask))  # once, for the bias and for the picture
+    bias = module._interpolate(module._tables(x), positions)
     weights = attention_weights(q, k, causal=module.causal, key_padding_mask=mask, bias=bias)
-    return AttentionMap("", "incontext", weights, {"bias": bias, "positions": module.positions(x, mask)})
+    return AttentionMap("", "incontext", weights, {"bias": bias, "positions": positions})
 
 
 @torch.no_grad()
