@@ -9,8 +9,9 @@
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
 rate and warm-up (`zoo.training.SequenceTask`, AdamW with cosine decay), then tests it on the
-task's fixed test set at the training length and at 2x, 4x, 8x and 16x it. A model with learned
-positions cannot be tested beyond them: its record says so (`not_tested`) instead of a number.
+task's fixed test set at the training length and at 2x, 4x, 8x and 16x it (induction heads: to 8x).
+A model with learned positions cannot be tested beyond them: its record says so (`not_tested`)
+instead of a number.
 Each run's record goes into bench/results/capabilities.json as soon as it ends (a temporary file,
 then a rename, under a lock), so the script can be stopped and started again: finished runs are
 skipped. Runs take one thread each.
@@ -38,9 +39,11 @@ OUT = RESULTS / "capabilities.json"
 TINY_OUT = RESULTS / "capabilities_tiny.json"
 DATA = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # "name:sincos": the model with sinusoidal positions, so that softmax attention is also tested beyond its
-# training length (with learned positions it cannot be)
+# training length (with learned positions it cannot be); "elita-gpt-tiny:alibi": ELiTA with ALiBi's fading
+# history instead of its sines (attention_options positions alibi, pos_dim 0)
 MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "quiet-gpt-tiny", "micro-gpt-tiny",
-          "elita-gpt-tiny", "incontext-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny")
+          "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny", "hybrid-micro-gpt-tiny",
+          "hybrid-elita-gpt-tiny")
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
 MIXES = {"hybrid-micro-gpt-tiny": "micro", "hybrid-elita-gpt-tiny": "elita"}
@@ -59,9 +62,13 @@ def lengths(n: int) -> list[int]:
 TASKS = {
     # the calibrated setting (recipes/gpt-tiny.mqar.yaml): Zoology's smallest grid point, vocabulary 256
     "mqar": ("MQAR", {"vocab_size": 256, "sequence_length": 64, "num_pairs": 4, "test_lengths": lengths(64)}),
-    "selective_copying": ("SelectiveCopying", {"vocab_size": 16, "sequence_length": 256, "num_tokens": 16,
-                                               "test_lengths": lengths(256)}),
-    "induction_heads": ("InductionHeads", {"vocab_size": 2048, "sequence_length": 64, "test_lengths": lengths(64)}),
+    # Mamba's task at 1/32 of its length (4,096): 16 data tokens among 96 noise tokens, then 16 markers
+    "selective_copying": ("SelectiveCopying", {"vocab_size": 16, "sequence_length": 128, "num_tokens": 16,
+                                               "test_lengths": lengths(128)}),
+    # vocabulary 256 as for MQAR (recipes/gpt-tiny.induction.yaml has the calibration: softmax attention with
+    # rotary positions 99.96%). Segments of at least a quarter of the length, of distinct tokens: 256 allows
+    # lengths up to 1,023, so 2x, 4x and 8x, not 16x
+    "induction_heads": ("InductionHeads", {"vocab_size": 256, "sequence_length": 64, "test_lengths": lengths(64)[:4]}),
     "listops": ("ListOps", {"max_depth": 10, "max_args": 10, "min_length": 100, "max_length": 500}),
     "pixel_mnist": ("PixelMNIST", {"root": str(DATA), "batch_size": 50}),  # LRA's batch
     "pixel_mnist_permuted": ("PixelMNIST", {"root": str(DATA), "permute": True, "batch_size": 50}),
@@ -97,8 +104,9 @@ def build_data(task: str, spec: tuple, batch_size: int, seed: int, tiny: bool, f
     return getattr(zoo.data, name)(**kwargs)
 
 
-def run_one(task: str, model: str, seed: int, tiny: bool) -> dict:
-    """Train and test one model on one task; the record for the JSON."""
+def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None) -> dict:
+    """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
+    model in, as a release folder (zoo.load reads it), for pictures of what it learned."""
     import lightning as L
 
     from zoo.training.sequence import SequenceTask
@@ -106,7 +114,10 @@ def run_one(task: str, model: str, seed: int, tiny: bool) -> dict:
     spec = (TINY_TASKS if tiny else TASKS)[task]
     budget, size = (TINY_BUDGET, TINY_SIZE) if tiny else (BUDGET, SIZE)
     name, _, positions = model.partition(":")
-    size = {**size, "pos_embed": positions} if positions else dict(size)
+    if name == "elita-gpt-tiny" and positions == "alibi":  # ELiTA's own option: a fading history, no sines
+        size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
+    else:
+        size = {**size, "pos_embed": positions} if positions else dict(size)
     if name in MIXES:  # registered with 4 blocks; here at the suite's depth
         blocks = [MIXES[name]] * (size["depth"] - 1) + ["softmax"]
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
@@ -130,6 +141,10 @@ def run_one(task: str, model: str, seed: int, tiny: bool) -> dict:
     seconds = time.perf_counter() - start
     data.setup("test")
     metrics = module.evaluate(data.test_dataloader())
+    if keep is not None:
+        from zoo.models.pretrained import save_pretrained
+
+        save_pretrained(module.model, keep, extra={"metrics": metrics})
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
             "data": data.describe(),
             "train_seconds": round(seconds, 1), "metrics": metrics,

@@ -15,11 +15,15 @@ if [ ${#recipes[@]} -eq 0 ]; then
            incontext-gpt-tiny.shakespeare hybrid-micro-gpt-tiny.shakespeare hybrid-elita-gpt-tiny.shakespeare
            hybrid-micro-vit-tiny.mnist incontext-vit-tiny.mnist
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
-           micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion)
+           micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion
+           gpt-tiny.warpeace micro-gpt-tiny.warpeace elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
+           elita-gpt-tiny.warpeace-alibi)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then
     source_arg=(--data.init_args.path "$data/tinyshakespeare/input.txt")
+  elif [[ $recipe == *warpeace* ]]; then
+    source_arg=(--data.init_args.path "$data/warpeace/warpeace_input.txt")
   else
     source_arg=(--data.init_args.root "$data")
   fi

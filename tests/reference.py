@@ -67,7 +67,9 @@ def micro_attention(layer, x, key_padding_mask=None):
 
 
 def elita_attention(layer, x):
-    """Attention2's equation for y_i, term by term (plain exponentials: keep inputs moderate)."""
+    """Attention2's equation for y_i, term by term (plain exponentials: keep inputs moderate); with
+    positions="alibi", each history term X_j of row i times e^{-m (i - j)}, m = 2^(-8 (h + 1) / heads) (ALiBi's
+    slopes for a power-of-two number of heads)."""
     x = x.double()
     b, n, d = x.shape
     h, hd = layer.heads, layer.head_dim
@@ -82,12 +84,14 @@ def elita_attention(layer, x):
             def p(r, i, hi=hi):
                 return torch.sin(i * a[r, hi] / layer.max_len + ph[r, hi])
 
+            m = 2 ** (-8 * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
             big_x = [torch.exp(k1[hi] @ x[bi, j] + p(0, j) @ c[hi]) for j in range(n)]
             for i in range(n):
                 own = torch.exp(k2[hi] @ x[bi, i])
                 row = torch.exp(p(1, i) @ c[hi] + k3[hi] @ x[bi, i])
-                num = own * v_all[bi, i, sl] + row * sum(big_x[j] * v_all[bi, j, sl] for j in range(i + 1))
-                den = own + row * sum(big_x[j] for j in range(i + 1))
+                faded = [big_x[j] * math.exp(-m * (i - j)) for j in range(i + 1)]
+                num = own * v_all[bi, i, sl] + row * sum(faded[j] * v_all[bi, j, sl] for j in range(i + 1))
+                den = own + row * sum(faded)
                 out[bi, i, sl] = num / den
     return out
 

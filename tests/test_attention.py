@@ -287,6 +287,65 @@ def test_elita_position_uses_max_len_not_input_length():
     torch.testing.assert_close(layer(x[:, :20]), layer(x)[:, :20], atol=1e-6, rtol=1e-6)
 
 
+def test_elita_without_its_position_term_is_the_equation_with_p_c_zero():
+    """pos_dim=0 (the long-context variant of issue 24): the term-by-term equation with p . c = 0 in float64,
+    the same at every offset (a window cut from a longer sequence sees only its own tokens' order), and
+    token-by-token decoding equal to the parallel pass."""
+    layer = make("elita", pos_dim=0).double()
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), ref.elita_attention(layer, x), atol=1e-10, rtol=1e-10)
+    state, steps = None, []
+    for i in range(24):
+        y, state = layer.step(x[:, i : i + 1], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), layer(x), atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match="pos_dim"):
+        make("elita", pos_dim=-1)
+
+
+@pytest.mark.parametrize("options", [{"pos_dim": 0}, {"pos_dim": 0, "positions": "alibi"}])
+def test_elita_without_position_term_saves_and_loads(tmp_path, options):
+    import zoo
+
+    model = zoo.create("elita-gpt-tiny", vocab_size=32, context_length=16, embed_dim=32, depth=2, num_heads=2,
+                       pos_embed="none", attention_options=options)
+    zoo.save_pretrained(model, tmp_path / "m")
+    back = zoo.load(str(tmp_path / "m"))  # its empty position tensors are no tied pair
+    x = torch.randint(0, 32, (2, 16))
+    torch.testing.assert_close(back(x), model(x))
+
+
+@pytest.mark.parametrize("pos_dim", [16, 0])
+def test_elita_alibi_is_the_equation_with_a_history_fading_by_distance(route, pos_dim):
+    """positions="alibi": the term-by-term equation with each X_j of row i times e^{-m (i - j)} in float64;
+    decoding token by token (state and position carried), left-padded rows, and the kernel's float32 route
+    all give it; and a token's output depends on how far back the others are, not on where they stand."""
+    layer = make("elita", pos_dim=pos_dim, positions="alibi").double()
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    full = layer(x)
+    torch.testing.assert_close(full, ref.elita_attention(layer, x), atol=1e-10, rtol=1e-10)
+    state, steps = None, []
+    for i in range(0, 24, 5):
+        y, state = layer.step(x[:, i : i + 5], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-10)
+    padded = torch.cat([torch.zeros(2, 3, 16, dtype=torch.float64), x], 1)
+    mask = torch.ones(2, 27, dtype=torch.bool)
+    mask[:, :3] = False
+    y, _ = layer.step(padded, None, key_padding_mask=mask)  # positions count from each row's first real token
+    torch.testing.assert_close(y[:, 3:], full, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(layer.float()(x.float()), full.float(), atol=1e-4, rtol=1e-4)
+    if pos_dim == 0:  # no absolute term: the same tokens 1,000 positions on give the same outputs
+        from zoo.attention.elita import _PAD_LOGIT, ElitaState
+
+        layer = layer.double()
+        empty = ElitaState(torch.full((2, 2), _PAD_LOGIT, dtype=torch.float64),
+                           torch.zeros(2, 2, 8, dtype=torch.float64), 1000)
+        torch.testing.assert_close(layer.step(x, empty)[0], full, atol=1e-9, rtol=1e-9)
+    with pytest.raises(ValueError, match=r"positions must be None \(the write-up's equation\) or 'alibi', got 'rope'"):
+        make("elita", positions="rope")
+
+
 # ---- masks ------------------------------------------------------------------------------
 
 

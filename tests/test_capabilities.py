@@ -126,17 +126,26 @@ def test_induction_hand_built():
     x, y = synthetic.induction_sequence(torch.tensor([5, 3, 9]))
     assert x.tolist() == [5, 3, 9, 5, 3, 9]
     assert y.tolist() == [IGNORE, IGNORE, IGNORE, 3, 9, IGNORE]
+    x, y = synthetic.induction_sequence(torch.tensor([5, 3, 9]), prefix=torch.tensor([7, 7]))
+    assert x.tolist() == [7, 7, 5, 3, 9, 5, 3, 9]
+    assert y.tolist() == [IGNORE] * 5 + [3, 9, IGNORE]
 
 
-def test_induction_answers_follow_the_first_occurrence():
+def test_induction_answers_follow_the_first_occurrence_at_varying_distances():
     data = InductionHeads(vocab_size=40, sequence_length=64, **SMALL)
+    distances = set()
     for x, y in examples(data):
-        first = x[:32].tolist()
-        assert len(set(first)) == 32 and x[32:].tolist() == first
         scored = (y != IGNORE).nonzero().flatten().tolist()
-        assert scored == list(range(32, 63))
-        for p in scored:
-            assert y[p] == first[first.index(int(x[p])) + 1]
+        size = len(scored) + 1  # the segment: its second copy ends the sequence, all but its last token scored
+        segment = x[64 - size:].tolist()
+        assert 16 <= size <= 32 and len(set(segment)) == size and x[64 - 2 * size: 64 - size].tolist() == segment
+        assert not set(x[: 64 - 2 * size].tolist()) & set(segment)  # the prefix never holds a segment token
+        assert scored == list(range(64 - size, 63))
+        sequence = x.tolist()
+        for p in scored:  # the answer: what followed the current token's first occurrence
+            assert y[p] == sequence[sequence.index(sequence[p]) + 1]
+        distances.add(size)
+    assert len(distances) > 3  # the answer is not always the same distance back
 
 
 # --- ListOps ---
@@ -246,9 +255,9 @@ PINNED_LISTOPS = ("[SM 4 5 3 ]", 2)
     (lambda: MQAR(power_a=0), ["power_a", "(0.0, 1.0]"]),
     (lambda: SelectiveCopying(sequence_length=20, num_tokens=16), ["sequence_length=20", ">= 32"]),
     (lambda: SelectiveCopying(vocab_size=2), ["vocab_size", "between 3"]),
-    (lambda: InductionHeads(sequence_length=33), ["sequence_length must be an even number >= 4", "got 33"]),
+    (lambda: InductionHeads(sequence_length=3), ["sequence_length must be >= 4", "got 3"]),
     (lambda: InductionHeads(vocab_size=16, sequence_length=32, test_lengths=[64]),
-     ["test_lengths[0]=64", "vocab_size >= 32"]),
+     ["test_lengths[0]=64", "vocab_size >= 17"]),
     (lambda: ListOps(min_length=600, max_length=500), ["max_length=500", "min_length=600"]),
     (lambda: ListOps(max_depth=2, max_args=3, min_length=6), ["min_length=6", "at most 5 tokens"]),
     (lambda: ListOps(max_depth=10, max_args=2, min_length=900, max_length=1000), ["none had between"]),
@@ -346,7 +355,8 @@ def test_tiny_end_to_end(make):
 
 
 def test_long_text_loss_by_position(tmp_path):
-    text = "".join(random.Random(0).choice("abcdefgh \n") for _ in range(6000))
+    rng = random.Random(0)
+    text = "".join(rng.choice("abcdefgh \n") for _ in range(6000))
     (tmp_path / "t.txt").write_text(text)
     data = LongContextText(str(tmp_path / "t.txt"), context_length=64, batch_size=4, train_samples=16,
                            val_windows=6)
@@ -356,7 +366,7 @@ def test_long_text_loss_by_position(tmp_path):
     # every position is scored, equally often: the overall loss is the buckets' mean weighted by their widths
     widths = [int(k.split("-")[1]) - int(k.split("-")[0]) for k in buckets]
     assert metrics["test/loss"] == pytest.approx(sum(w * v for w, v in zip(widths, buckets.values())) / 64, abs=1e-4)
-    loss, _ = reference_measures(task, data.test_dataloader()[0])
+    loss, _ = reference_measures(task, data.test_dataloader())
     assert metrics["test/loss"] == pytest.approx(loss, abs=1e-4)
 
 
@@ -420,3 +430,91 @@ def test_bench_tiny_is_resumable(tmp_path):
     assert "test/accuracy@64" not in gpt["metrics"] and "learned positions for 32 tokens" in gpt["not_tested"]
     capabilities.main(args)  # everything done: nothing runs again, the records stay as they were
     assert json.loads(out.read_text())["runs"] == first["runs"]
+
+
+def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_position(tmp_path):
+    """The War and Peace recipes' path (LanguageModelTask on LongContextText, exported as a release), then
+    bench/long_context.py on that release, against per-position losses computed here in float64."""
+    import zoo
+    from bench import long_context
+    from zoo.release.export import export
+    from zoo.training import LanguageModelTask
+
+    rng = random.Random(1)
+    text = "".join(rng.choice("abcdefgh \n") for _ in range(8000))
+    (tmp_path / "t.txt").write_text(text)
+    data = LongContextText(str(tmp_path / "t.txt"), context_length=128, batch_size=2, train_samples=4, val_windows=2)
+    task = LanguageModelTask("elita-gpt-tiny", {**TINY, "pos_embed": "none", "attention_options": {"pos_dim": 0}},
+                             data.data_info, warmup_steps=1)
+    L.Trainer(max_steps=2, max_epochs=-1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, accelerator="cpu").fit(task, data)
+    folder, metrics = export(task, data, tmp_path / "release")
+    model = zoo.load(str(folder))
+    assert model.context_length == 128 and "test_lengths" not in model.config  # the data's task keys stay out
+    assert metrics["val/loss"] > 0
+
+    out = tmp_path / "long.json"
+    long_context.main(["--releases", str(folder), "--text", str(tmp_path / "t.txt"), "--out", str(out)])
+    record = json.loads(out.read_text())["runs"]["release"]
+    assert list(record["by_length"]) == ["128", "512"]  # the context and 4x it: no learned positions
+    held = torch.tensor(model.tokenizer.encode(text[int(len(text) * 0.9):]))
+    window = held[: 512 + 1]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(window[None, :-1])[0].double(), -1)
+    losses = -logp[torch.arange(512), window[1:]]  # one window of 512 fits in 800 held-out characters
+    at_4x = record["by_length"]["512"]
+    assert at_4x["windows"] == 1
+    for span, lo, hi in (("0-64", 0, 64), ("64-128", 64, 128), ("256-512", 256, 512)):
+        assert at_4x["loss"][span] == pytest.approx(float(losses[lo:hi].mean()), abs=1e-3)
+    rise = at_4x["loss"]["256-512"] - at_4x["loss"]["64-128"]
+    assert record["keeps_context_at_4x"] == {"rise": pytest.approx(rise, abs=1e-3), "met": rise <= 0.05}
+
+
+def test_capability_pictures_find_each_querys_answer_and_its_weight():
+    from bench.capability_pictures import answers, on_answer
+
+    k0, v0, k1, v1, n = 3, 20, 5, 21, 9
+    x = torch.tensor([[k0, v0, k1, v1, n, n, k1, n, k0, n]])
+    y = torch.full_like(x, IGNORE)
+    y[0, 6], y[0, 8] = v1, v0
+    where = answers(x, y, num_pairs=2)
+    assert where == [(0, 6, 3), (0, 8, 1)]  # k1's value sits at 3, k0's at 1
+    weights = torch.zeros(1, 2, 10, 10)  # one layer, two heads
+    weights[0, 0, 6, 3], weights[0, 0, 8, 1], weights[0, 1, 6, 0] = 0.5, 0.25, 1.0
+    weight, even = on_answer([weights], where)
+    assert weight.tolist() == [[0.375, 0.0]]
+    assert even == pytest.approx((1 / 7 + 1 / 9) / 2)
+
+
+def test_ngram_references_of_the_long_context_bench_by_hand():
+    from bench.long_context import ngram_loss
+
+    train = torch.tensor([0, 0, 1])
+    # 2-gram: after 0 came 0 once and 1 once, so p(1 | 0) = (1 + 0.1) / (2 + 2 * 0.1) = 1/2
+    assert ngram_loss(train, torch.tensor([0, 1]), order=2, vocab=2) == pytest.approx(math.log(2))
+    # a context never seen in training: add-alpha alone, uniform over the vocabulary
+    assert ngram_loss(train, torch.tensor([1, 0]), order=2, vocab=2) == pytest.approx(math.log(2))
+    # 1-gram: p(0) = 2.1 / 3.2, p(1) = 1.1 / 3.2
+    expected = -(math.log(1.1 / 3.2) + math.log(2.1 / 3.2)) / 2
+    assert ngram_loss(train, torch.tensor([1, 0]), order=1, vocab=2) == pytest.approx(expected)
+    # 3-gram over a vocabulary of 3: after (0, 1) came 2 twice, so p(2 | 0, 1) = 2.1 / 2.3
+    train = torch.tensor([0, 1, 2, 0, 1, 2])
+    assert ngram_loss(train, torch.tensor([0, 1, 2]), order=3, vocab=3) == pytest.approx(-math.log(2.1 / 2.3))
+
+
+def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
+    """A release's card names its text relative to a data root, as CharText's does, and `zoo check` rebuilds
+    the same held-out windows from it; the standard library's source needs no root at all."""
+    from zoo.release.check import datamodule_for
+
+    (tmp_path / "books").mkdir()
+    rng = random.Random(2)
+    (tmp_path / "books" / "t.txt").write_text("".join(rng.choice("abcdefgh \n") for _ in range(3000)))
+    data = LongContextText(str(tmp_path / "books" / "t.txt"), context_length=64, val_windows=3)
+    described = data.describe()
+    assert described["file"] == "books/t.txt" and str(tmp_path) not in json.dumps(described)
+    again = datamodule_for({"training": {"data": described}}, tmp_path)
+    assert torch.equal(again.val_tokens, data.val_tokens) and again.tokenizer.to_dict() == data.tokenizer.to_dict()
+    stdlib = LongContextText("stdlib", context_length=64, val_windows=2).describe()
+    assert "file" not in stdlib and stdlib["init_args"]["path"] == "stdlib"
+    assert datamodule_for({"training": {"data": stdlib}}, tmp_path / "nowhere").dataset == stdlib["name"]

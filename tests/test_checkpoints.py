@@ -24,7 +24,11 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "micro-gpt-tiny.shakespeare", "elita-gpt-tiny.shakespeare",
            # issue 25: the in-context bias and the hybrids
            "incontext-gpt-tiny.shakespeare", "hybrid-micro-gpt-tiny.shakespeare", "hybrid-elita-gpt-tiny.shakespeare",
-           "hybrid-micro-vit-tiny.mnist", "incontext-vit-tiny.mnist"]
+           "hybrid-micro-vit-tiny.mnist", "incontext-vit-tiny.mnist",
+           # issue 24: long context (2,048 characters of War and Peace); elita also without its sine positions
+           # and with ALiBi's fading history instead
+           "gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
+           "elita-gpt-tiny.warpeace-alibi"]
 
 
 def test_every_planned_checkpoint_is_shipped():
@@ -33,6 +37,9 @@ def test_every_planned_checkpoint_is_shipped():
     # without a tag, an image model loads its MNIST checkpoint, not the first tag alphabetically (fashion)
     assert zoo.load("micro-vit-tiny").config["label_names"] == [str(i) for i in range(10)]
     assert zoo.load("micro-vit-tiny.fashion").config["label_names"][0] == "T-shirt/top"
+    # a text model's default is its tiny-shakespeare checkpoint; War and Peace's goes by its tag
+    assert zoo.load("elita-gpt-tiny").context_length == 64
+    assert zoo.load("elita-gpt-tiny.warpeace").context_length == 2048
 
 
 def test_train_all_retrains_every_planned_checkpoint():

@@ -126,6 +126,19 @@ def test_create_says_where_a_mechanisms_option_goes():
     assert zoo.create("micro-gpt-tiny", attention_options={"num_queries": 8}).blocks[0].attn.num_queries == 8
 
 
+def test_load_says_where_a_mechanisms_option_goes(tmp_path):
+    model = zoo.create("micro-gpt-tiny", **SMALL)
+    model.save_pretrained(tmp_path / "m")
+    with pytest.raises(TypeError, match=r"^num_queries is an option of the micro attention.*pass "
+                                        r"attention_options=\{'num_queries': 8\}$"):
+        zoo.load(tmp_path / "m", num_queries=8)
+    with pytest.raises(TypeError, match=r"takes no argument 'dept' \(closest: depth\)"):
+        zoo.load(tmp_path / "m", dept=3)
+    # the option itself reaches the blocks (here a shape the weights do not have: refused by name)
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.queries: checkpoint \(8, 32\), model \(16, 32\)"):
+        zoo.load(tmp_path / "m", attention_options={"num_queries": 8})
+
+
 # ---- decoding with a state per block ----------------------------------------------------------------------
 
 

@@ -358,3 +358,42 @@ def test_text_models_take_rope_and_alibi_as_their_positions(positions, tmp_path)
     torch.testing.assert_close(again(x), full)
     with pytest.raises(ValueError, match=f"pos_embed='{positions}' acts inside the softmax family's blocks"):
         zoo.create("micro-gpt-tiny", pos_embed=positions)
+
+
+@pytest.mark.slow  # about 20 s each: three graphs exported and checked in ONNX Runtime
+@pytest.mark.parametrize("positions", ["rope", "alibi"])
+def test_onnx_logits_and_decoding_with_rope_and_alibi(positions, tmp_path):
+    """The ONNX folder of a rope or alibi model: its logits at a length the export never traced (beyond the
+    context: relative positions have no table to end), and greedy decoding through the exported prefill and
+    step programs equal to the slow reference, one full forward pass per new token."""
+    ort = pytest.importorskip("onnxruntime")
+    import zoo
+    from zoo.models import decoding
+    from zoo.release.onnx import export_onnx
+
+    torch.manual_seed(0)
+    model = zoo.create("gpt-tiny", pos_embed=positions, vocab_size=40, context_length=32, embed_dim=32, depth=2,
+                       num_heads=2).eval()
+    with torch.no_grad():
+        model.tok_embed.weight.mul_(20)  # logits far apart: greedy choices not decided by rounding
+    folder, diffs = export_onnx(model, tmp_path / "out")
+    assert all(d <= 1e-4 for d in diffs.values())
+    sessions = {n: ort.InferenceSession(str(folder / f"{n}.onnx"), providers=["CPUExecutionProvider"])
+                for n in ("model", "prefill", "step")}
+
+    def program(name):
+        def run(*inputs):
+            feed = {i.name: t.numpy() for i, t in zip(sessions[name].get_inputs(), inputs)}
+            return [torch.as_tensor(o) for o in sessions[name].run(None, feed)]
+        return run
+
+    x = torch.randint(0, 40, (3, 77))
+    with torch.no_grad():
+        torch.testing.assert_close(program("model")(x)[0], model(x), atol=1e-4, rtol=0)
+    prompt = torch.tensor([[5, 17, 3, 9], [7, 1, 2, 30]])
+    got = decoding.greedy(program("prefill"), program("step"), prompt, 40)  # past the context of 32
+    with torch.no_grad():
+        for row, ids in zip(got.tolist(), prompt.tolist()):
+            for _ in range(40):
+                ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+            assert row == ids

@@ -305,6 +305,8 @@ def test_every_recipe_builds_its_model_and_data(recipe, tmp_path, monkeypatch):
     takes = inspect.signature(getattr(importlib.import_module(module), name)).parameters
     # the shared data where the data module reads files; generated tasks (MQAR, ...) and Digits need none
     override = (["--data.init_args.path", str(ROOT / "tinyshakespeare" / "input.txt")] if "CharText" in text
+                else ["--data.init_args.path", str(ROOT / "warpeace" / "warpeace_input.txt")]
+                if "LongContextText" in text
                 else ["--data.init_args.root", str(ROOT)] if "root" in takes and "Digits" not in text else [])
     cli = run_lightning(["--config", str(REPO / "recipes" / recipe), *override], run=False)
     assert recipe == "quickstart.yaml" or recipe.startswith(cli.model.model.model_name + ".")

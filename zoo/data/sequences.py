@@ -315,7 +315,7 @@ class LongContextText(L.LightningDataModule):
         check_fraction("train_fraction", train_fraction, "the share of the text to train on; the rest validates")
         if path == STDLIB:
             text, self.source = stdlib_text()
-            self.dataset = "Python standard library source"
+            self.dataset, self.file_name = "Python standard library source", None
         else:
             file = Path(path).expanduser()
             if not file.is_file():
@@ -327,6 +327,7 @@ class LongContextText(L.LightningDataModule):
                 raise ValueError(f"{file} is not UTF-8 text: byte {e.start:,} ({e.reason}); set data.path to a "
                                  "UTF-8 text file") from None
             self.source, self.dataset = str(file), file.stem
+            self.file_name = f"{file.parent.name}/{file.name}"  # as CharText: relative to a data root
         self.tokenizer = CharTokenizer.from_text(text)
         split = int(len(text) * train_fraction)
         self.train_tokens, self.val_tokens = encode_chars(self.tokenizer, text[:split]), encode_chars(
@@ -344,11 +345,15 @@ class LongContextText(L.LightningDataModule):
                 "loss_by_position": True}
 
     def describe(self) -> dict:
-        return {"name": self.dataset, "hub_id": None, "file": self.source,
-                "class_path": f"{type(self).__module__}.{type(self).__qualname__}",
-                "init_args": {"context_length": self.context_length, "batch_size": self.batch_size,
-                              "val_windows": self.val_windows, "train_fraction": self.train_fraction,
-                              "seed": self.seed},
+        """The data in a model card's words; `zoo check` rebuilds it from these (a file under its data root)."""
+        args = {"context_length": self.context_length, "batch_size": self.batch_size,
+                "val_windows": self.val_windows, "train_fraction": self.train_fraction, "seed": self.seed}
+        if self.file_name:
+            where = {"file": self.file_name}
+        else:  # it differs between Python versions: the source names the version's folder
+            where, args["path"] = {"source": self.source}, STDLIB
+        return {"name": self.dataset, "hub_id": None, **where,
+                "class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": args,
                 "splits": f"first {len(self.train_tokens):,} characters training, last {len(self.val_tokens):,} "
                           f"validation and test (character tokenizer, {self.tokenizer.vocab_size} tokens)"}
 
@@ -362,4 +367,4 @@ class LongContextText(L.LightningDataModule):
         return DataLoader(windows, batch_size=self.batch_size, num_workers=self.num_workers)
 
     def test_dataloader(self):
-        return [self.val_dataloader()]  # as CharText: the held-out end of the text
+        return self.val_dataloader()  # as CharText: the held-out end of the text, in one loader

@@ -8,7 +8,8 @@ accuracy per test length). Every generator is written here from its published de
   `multiquery_ar`): key-value pairs, then queries of those keys at positions drawn by a power law.
 - `SelectiveCopying` (Gu and Dao 2023, "Mamba", section 3.1): data tokens scattered among noise
   tokens, reproduced in order at the markers that end the sequence.
-- `InductionHeads` (Olsson et al. 2022): a random sequence repeated; scored on the second copy.
+- `InductionHeads` (Olsson et al. 2022): a random segment repeated after a prefix of noise; scored on the
+  second copy.
 - `ListOps` (Nangia and Bowman 2018, with Long Range Arena's grammar and lengths, Tay et al. 2021):
   nested MAX, MIN, MED and SUM_MOD over digits; the answer is one digit.
 """
@@ -178,25 +179,33 @@ class SelectiveCopying(SequenceData):
         return selective_copying_sequence(tokens, positions, length, self.vocab_size)
 
 
-def induction_sequence(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`tokens` twice; from the second copy's first token on, the target is the next token of the copy."""
-    half = len(tokens)
-    x = torch.cat([tokens, tokens])
+def induction_sequence(tokens: torch.Tensor, prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prefix`, then `tokens` twice; from the second copy's first token on, the target is the next token
+    of the copy (what followed the current token the first time)."""
+    prefix = tokens[:0] if prefix is None else prefix
+    start = len(prefix) + len(tokens)  # the second copy
+    x = torch.cat([prefix, tokens, tokens])
     y = torch.full_like(x, IGNORE)
-    y[half:-1] = x[half + 1 :]
+    y[start:-1] = x[start + 1 :]
     return x, y
 
 
 class InductionHeads(SequenceData):
-    """A random sequence of `sequence_length // 2` distinct tokens, then the same sequence again (Olsson et
-    al. 2022): in the second copy each next token is the one that followed the current token the first
-    time, which is what an induction head retrieves. Scored on the second copy from its second token on
-    (its first token cannot be known). The tokens are distinct so that this answer is never ambiguous,
-    which needs vocab_size >= sequence_length // 2 at every test length.
+    """A random segment of distinct tokens, then the same segment again (Olsson et al. 2022): in the second
+    copy each next token is the one that followed the current token the first time, which is what an
+    induction head retrieves. Scored on the second copy from its first token on (predicting its second;
+    the first cannot be known).
+
+    One change closes a shortcut. With a segment of half the sequence every time, the answer always sits
+    the same distance back (half the length, minus one), and a head that attends that far back solves the
+    task without induction: rotary positions did (100% at the training length, 0% at twice it). Here the
+    segment's length s is drawn per sequence from [length // 4, min(length // 2, vocab_size - 1)], after
+    a prefix of length - 2 s noise tokens that are not in the segment, so the distance varies and every
+    answer is still unambiguous.
 
     Args:
-        vocab_size: tokens to draw from; at least half of every length tested.
-        sequence_length: the training length, an even number (the sequence and its copy).
+        vocab_size: tokens to draw from; more than a quarter of every length tested.
+        sequence_length: the training length, at least 4.
         test_lengths: lengths to test at besides sequence_length (length generalization), e.g. 2x to 16x it.
         batch_size: sequences per training batch (test batches at longer lengths hold as many tokens).
         train_samples: training sequences per epoch, drawn anew each epoch from (seed, epoch, index).
@@ -219,16 +228,20 @@ class InductionHeads(SequenceData):
         return {"vocab_size": self.vocab_size}
 
     def check_length(self, length: int, name: str) -> None:
-        if length < 4 or length % 2:
-            raise ValueError(f"InductionHeads {name} must be an even number >= 4 (a sequence and its copy, at least "
-                             f"one token scored), got {length}")
-        if length // 2 > self.vocab_size:
-            raise ValueError(f"InductionHeads {name}={length} repeats {length // 2} distinct tokens, more than "
-                             f"vocab_size={self.vocab_size} holds: set vocab_size >= {length // 2}")
+        if length < 4:
+            raise ValueError(f"InductionHeads {name} must be >= 4 (a segment of 2 and its copy, one token scored), "
+                             f"got {length}")
+        if length // 4 > self.vocab_size - 1:
+            raise ValueError(f"InductionHeads {name}={length} repeats segments of at least {length // 4} distinct "
+                             f"tokens beside noise from the other tokens, more than vocab_size={self.vocab_size} "
+                             f"allows: set vocab_size >= {length // 4 + 1}")
 
     def example(self, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
-        return induction_sequence(torch.randperm(self.vocab_size, generator=g)[: length // 2])
+        shortest, longest = max(2, length // 4), min(length // 2, self.vocab_size - 1)
+        size = int(torch.randint(shortest, longest + 1, (), generator=g))
+        segment = torch.randperm(self.vocab_size, generator=g)[:size]
+        return induction_sequence(segment, noise_tokens(self.vocab_size, segment, length - 2 * size, g))
 
 
 LISTOPS_TOKENS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]", "<pad>"]

@@ -19,7 +19,7 @@ from torch import nn
 from zoo.models.arguments import check_budget
 from zoo.models.card import model_card
 from zoo.models.hub import download
-from zoo.models.registry import ARCHITECTURES, _entries, checkpoint_folder, in_timm
+from zoo.models.registry import ARCHITECTURES, Entry, _entries, check_overrides, checkpoint_folder, in_timm
 from zoo.models.release_files import (
     CARD,
     CONFIG,
@@ -179,9 +179,10 @@ def check_config_builds(model: nn.Module) -> None:
 
 def _aliases(model: nn.Module) -> dict[str, set[str]]:
     """For each state-dict name, every name that shares its storage (tied weights), itself included."""
-    by_storage: dict[int, set[str]] = {}
+    by_storage: dict[int | str, set[str]] = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
-        by_storage.setdefault(tensor.data_ptr(), set()).add(name)
+        # empty tensors (elita's pos_dim=0) all report data pointer 0: they share nothing
+        by_storage.setdefault(tensor.data_ptr() if tensor.numel() else name, set()).add(name)
     return {name: group for group in by_storage.values() for name in group}
 
 
@@ -253,6 +254,8 @@ def load_release(path, strict: bool = True, max_parameters: int | None = None, *
         names = args.get("label_names")
         if new_head and isinstance(names, list) and len(names) != overrides["num_classes"]:
             args["label_names"] = None  # the names of the old classifier's classes (timm passes them back in)
+        # micro's num_queries passed as zoo.load's keyword: say it goes in attention_options, as zoo.create does
+        check_overrides(Entry(path.name, config.get("family", ""), cls, config["args"]), overrides)
         try:  # the arguments come from config.json: say so in their errors
             check_budget(cls, args, max_parameters)
             model = cls(**args)

@@ -506,11 +506,14 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
 # nanoGPT's CPU recipe size: 4 layers, 4 heads, width 128, context 64 (about 0.8M parameters)
 TINY = dict(context_length=256, embed_dim=128, depth=4, num_heads=4)
 SMALL = dict(context_length=256, embed_dim=384, depth=6, num_heads=6)
+# zoo.load("gpt-tiny") takes the tiny-shakespeare checkpoint; War and Peace's (context 2,048) by its tag
+DEFAULT_TAG = "shakespeare"
 for attention, prefix, pos in (("softmax", "gpt", "learned"), ("quiet", "quiet-gpt", "learned"),
                                ("micro", "micro-gpt", "none"), ("elita", "elita-gpt", "none")):
     for size, dims in (("tiny", TINY), ("small", SMALL)):
         mlp = "ffn2" if attention == "elita" else "mlp"
-        register(f"{prefix}-{size}", "text", TextTransformer, attention=attention, pos_embed=pos, mlp=mlp, **dims)
+        register(f"{prefix}-{size}", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=attention,
+                 pos_embed=pos, mlp=mlp, **dims)
 for attention in ("clipped", "gated"):  # the controls of Bondarenko et al. 2023 for the outlier study
     register(f"{attention}-gpt-tiny", "text", TextTransformer, attention=attention, pos_embed="learned", **TINY)
 # Hybrids (issue 25): linear-time blocks with one softmax block, for recall. The last block: with the softmax
@@ -526,8 +529,8 @@ def _hybrid(linear: str) -> list[str]:
     return ["softmax" if index == SOFTMAX_BLOCK else linear for index in range(TINY["depth"])]
 
 
-register("hybrid-micro-gpt-tiny", "text", TextTransformer, attention=_hybrid("micro"), pos_embed="none", mlp="mlp",
-         **TINY)
-register("hybrid-elita-gpt-tiny", "text", TextTransformer, attention=_hybrid("elita"), pos_embed="none", mlp="ffn2",
-         **TINY)
+register("hybrid-micro-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("micro"),
+         pos_embed="none", mlp="mlp", **TINY)
+register("hybrid-elita-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
+         pos_embed="none", mlp="ffn2", **TINY)
 register("incontext-gpt-tiny", "text", TextTransformer, attention="incontext", pos_embed="none", **TINY)

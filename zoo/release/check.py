@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -28,17 +29,20 @@ def datamodule_for(config: dict, data_root: str | os.PathLike):
     data = (config.get("training") or {}).get("data") or {}
     if "class_path" not in data:
         raise ValueError("this release records no data module (it was not exported by `zoo fit`); nothing to check")
-    module, _, cls = data["class_path"].rpartition(".")
+    module, _, name = data["class_path"].rpartition(".")
     if not module.startswith("zoo.data"):
         raise ValueError(f"refusing to import {data['class_path']!r}: only zoo.data modules are rebuilt")
     if "file" in data and (Path(data["file"]).is_absolute() or ".." in Path(data["file"]).parts):
         raise ValueError(f"the data file must lie under the data root, got {data['file']!r}")
-    location = {"path": str(Path(data_root) / data["file"])} if "file" in data else {"root": str(data_root)}
+    cls = getattr(importlib.import_module(module), name)
+    takes_root = "root" in inspect.signature(cls).parameters  # the standard library's source needs no root
+    location = ({"path": str(Path(data_root) / data["file"])} if "file" in data
+                else {"root": str(data_root)} if takes_root else {})
     init_args = dict(data["init_args"])
     workers = init_args.get("num_workers")
     if isinstance(workers, int) and not isinstance(workers, bool):  # a config may ask for 64; fork no more than fit
         init_args["num_workers"] = max(0, min(workers, cores()))
-    return getattr(importlib.import_module(module), cls)(**init_args, **location)
+    return cls(**init_args, **location)
 
 
 def data_samples(config: dict, data_root, count: int) -> torch.Tensor:

@@ -6,7 +6,9 @@ page (a data: URI). It holds
   accuracy against parameters;
 - the tables of bench/results/*.json (those found under --bench), and plots of them: attention
   layer time against sequence length (log-log, per mechanism), decoding ms per token against
-  context, training images per second against timm's ViT, and deployment speedups;
+  context, training images per second against timm's ViT, deployment speedups, accuracy against test
+  length for each capability task (bench/capabilities.py), and loss by token position for the long-context
+  releases (bench/long_context.py);
 - zoo.viz's pictures of each checkpoint: the model's own, and those of one input (a prompt for
   text models; the first test input of its data where --data-root holds it).
 The folder is built beside DIR and moved there whole (zoo/utils/atomic.py).
@@ -145,6 +147,32 @@ def _bench_plots(name: str, data: dict) -> list[str]:
             plots.append(_img(figures.scatter_figure(points, "training minutes (mean over seeds)",
                                                      f"{cells[0]['metric']} (mean over seeds)",
                                                      f"leaderboard: {group}"), f"leaderboard {group}"))
+    if name == "capabilities" and isinstance(data.get("runs"), dict):
+        runs = list(data["runs"].values())
+        for task in dict.fromkeys(r["task"] for r in runs if not r.get("loss_by_position")):
+            by_model = {}  # model -> length -> accuracies over seeds
+            for r in runs:
+                if r["task"] == task:
+                    for key, value in r["metrics"].items():
+                        if key.startswith("test/accuracy@"):
+                            length = int(key.rsplit("@", 1)[1])
+                            by_model.setdefault(r["model"], {}).setdefault(length, []).append(100 * value)
+            series = {model: (sorted(at), [sum(at[n]) / len(at[n]) for n in sorted(at)])
+                      for model, at in by_model.items()}
+            plots.append(_img(figures.lines_figure(series, "test length (tokens)", "accuracy (%), mean over seeds",
+                                                   f"capabilities: {task} against test length", log=False),
+                              f"capabilities {task}"))
+    if name == "long_context" and isinstance(data.get("runs"), dict):
+        series = {}
+        for release, r in data["runs"].items():
+            longest = max(r["by_length"], key=int)
+            spans = [(k, v) for k, v in r["by_length"][longest]["loss"].items()
+                     if int(k.split("-")[0]) >= r["context"] // 2 or k.startswith("0-")]
+            series[release] = ([math.sqrt(max(1, int(k.split("-")[0])) * int(k.split("-")[1])) for k, _ in spans],
+                               [v for _, v in spans])
+        plots.append(_img(figures.lines_figure(series, "token position (geometric middle of its range)",
+                                               "loss (nats per character)", "War and Peace: loss by position, "
+                                               "within and beyond the training context"), "long context"))
     if name == "outliers" and data.get("cells"):
         labels = [f"{c['group']}/{c['model']}" for c in data["cells"]]
         plots.append(_img(figures.bars_figure(labels, {"kurtosis": [c["kurtosis"]["mean"] for c in data["cells"]]},

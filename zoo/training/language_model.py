@@ -23,7 +23,8 @@ class LanguageModelTask(L.LightningModule):
             start from (a shipped name.tag, a release folder, hf-hub:org/repo), which keeps its own tokenizer:
             the data is encoded with it (`setup`), or refused if it cannot be.
         model_overrides: keyword arguments of the model's class.
-        data_info: the data's vocabulary size and tokenizer, linked in by the command line from the data module.
+        data_info: the data's vocabulary size and tokenizer (and context length, where it gives one), linked in by the
+            command line from the data module; keys that are not model arguments (a sequence task's) are dropped.
         lr: AdamW's peak learning rate, reached after the warm-up, then decayed along a cosine.
         weight_decay: AdamW's decoupled weight decay, on matrices only.
         warmup_steps: optimizer steps of linear warm-up from 0.
@@ -56,13 +57,16 @@ class LanguageModelTask(L.LightningModule):
         finetune.check_finetune(layer_decay, freeze_blocks)
         self.save_hyperparameters()
         overrides = dict(model_overrides or {})
+        # the data's model arguments; a sequence task's keys (test_lengths, loss_by_position) are not the model's
+        data_info = {k: v for k, v in (data_info or {}).items() if k in ("vocab_size", "tokenizer", "context_length")}
         if model_config is None and is_checkpoint(model_name):
             if source_family(model_name) != "text":
                 raise ValueError(f"{model_name!r} is not a language model; LanguageModelTask needs a text model "
                                  "(`zoo models '*gpt*' --pretrained` lists those with weights)")
-            self.model = start_from(model_name, {**(data_info or {}), **overrides} if new_tokenizer else overrides)
+            tokens = {k: v for k, v in data_info.items() if k != "context_length"}  # the checkpoint keeps its own
+            self.model = start_from(model_name, {**tokens, **overrides} if new_tokenizer else overrides)
         elif model_config is None:
-            self.model = create(model_name, **{**(data_info or {}), **overrides})
+            self.model = create(model_name, **{**data_info, **overrides})
         else:
             self.model = model_from_config(model_config)
         self.hparams.model_config = saved_config(self.model)

@@ -1,0 +1,126 @@
+"""Where a query's attention goes on MQAR, in a model that recalls and in ones that do not (issue 24).
+
+    python bench/capability_pictures.py            # trains the models it lacks, then measures and draws
+    python bench/capability_pictures.py --table    # the table from bench/results/capability_pictures.json
+
+Each model is trained on MQAR exactly as bench/capabilities.py trains it (its key mqar/MODEL/0: the same
+data, budget and seed) and kept as a release folder under bench/runs/capabilities/. Test sequences then go
+through zoo.viz.capture. A query at position q repeats the key of pair p; the answer, p's value, sits at
+position 2p + 1. "On the answer" is the weight a query's row puts on that position (mean over queries,
+per layer and head); spreading a row evenly over what it sees would put 1 / (q + 1) there ("even").
+For micro the row is the weight of each token in the mean that the query subtracts; for elita, the convex
+mix of the token itself and its running mean (zoo.viz.capture says what each mechanism gives).
+
+Writes docs/images/mqar_attention.png (each model's last layer on one test sequence, one panel per head),
+docs/images/mqar_on_answer.png (the best head's weight on the answer, per layer and model) and
+bench/results/capability_pictures.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import capabilities  # noqa: E402
+from bench.common import RESULTS, machine, print_table  # noqa: E402
+from zoo.utils.atomic import write_text_atomic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = RESULTS / "capability_pictures.json"
+KEPT = ROOT / "bench" / "runs" / "capabilities"
+IMAGES = ROOT / "docs" / "images"
+MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny")
+SEQUENCES = 100  # test sequences measured
+
+
+def answers(x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> list[tuple[int, int, int]]:
+    """(sequence, query position, answer position) for every scored query: the answer is the value beside
+    the key the query repeats (keys at 0, 2, ..., values at 1, 3, ...)."""
+    found = []
+    for b, q in (y != -100).nonzero().tolist():
+        pair = (x[b, 0: 2 * num_pairs: 2] == x[b, q]).nonzero()
+        found.append((b, q, 2 * int(pair[0, 0]) + 1))
+    return found
+
+
+def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) -> tuple[torch.Tensor, float]:
+    """The mean weight on the answer per layer and head (layers, heads), and the even spread's 1 / (q + 1)."""
+    per_query = torch.stack([torch.stack([w[b, :, q, a] for w in weights]) for b, q, a in where])
+    return per_query.mean(0), sum(1 / (q + 1) for _, q, _ in where) / len(where)
+
+
+def measure(model_name: str, folder: Path, data) -> tuple[dict, torch.Tensor]:
+    import zoo
+    from zoo.viz import capture
+
+    model = zoo.load(str(folder)).eval()
+    x, y = next(iter(torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES)))
+    with capture(model) as maps, torch.no_grad():
+        logits = model(x)
+    weights = [m.weights.float() for m in maps]
+    where = answers(x, y, data.num_pairs)
+    weight, even = on_answer(weights, where)
+    scored = y != -100
+    accuracy = float((logits.argmax(-1)[scored] == y[scored]).float().mean())
+    record = {"accuracy": round(accuracy, 4), "queries": len(where), "even": round(even, 4),
+              "on_answer": [[round(float(v), 4) for v in layer] for layer in weight],
+              "attention": [m.kind for m in maps]}
+    return record, weights[-1][0]  # the last layer's heads on the first sequence
+
+
+def draw(records: dict, last: dict) -> None:
+    from zoo.viz import figures
+
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    maps = torch.cat([last[m] for m in records])
+    labels = [f"{m}\nhead {h} ({records[m]['accuracy']:.0%})" for m in records for h in range(len(last[m]))]
+    figure = figures.heatmaps_figure(maps, labels, title="MQAR: last layer, query rows against key columns "
+                                                         "(answers at columns 1, 3, 5, 7)")
+    figure.savefig(IMAGES / "mqar_attention.png", dpi=110, bbox_inches="tight")
+    layers = max(len(r["on_answer"]) for r in records.values())
+    series = {f"layer {i}": [max(r["on_answer"][i]) if i < len(r["on_answer"]) else 0 for r in records.values()]
+              for i in range(layers)}
+    series["even spread"] = [r["even"] for r in records.values()]
+    figure = figures.bars_figure(list(records), series, "weight on the answer (best head)",
+                                 "MQAR: how much of a query's row lands on the value it must recall")
+    figure.savefig(IMAGES / "mqar_on_answer.png", dpi=110, bbox_inches="tight")
+
+
+def table(results: dict) -> None:
+    rows = [{"model": m, "accuracy": r["accuracy"], "even": r["even"],
+             **{f"layer {i} best head": max(v) for i, v in enumerate(r["on_answer"])}}
+            for m, r in results["models"].items()]
+    print_table("MQAR: weight a query puts on its answer (mean over queries)", rows, list(rows[0]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.table:
+        torch.set_num_threads(1)
+        records, last = {}, {}
+        for model in args.models:
+            folder = KEPT / f"mqar-{model}-0"
+            if not (folder / "config.json").is_file():
+                print(f"training mqar/{model}/0 ...", flush=True)
+                capabilities.run_one("mqar", model, 0, tiny=False, keep=folder)
+            data = capabilities.build_data("mqar", capabilities.TASKS["mqar"], 64, 0, tiny=False, full_lengths=False)
+            data.setup("test")
+            records[model], last[model] = measure(model, folder, data)
+        draw(records, last)
+        write_text_atomic(OUT, json.dumps({"models": records, "command": "python bench/capability_pictures.py",
+                                           "machine": machine()}, indent=2))
+    table(json.loads(OUT.read_text()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Do the War and Peace checkpoints use their context, and keep it beyond their training length? (issue 24)
+
+    python bench/long_context.py                          # every War and Peace release in checkpoints/
+    python bench/long_context.py --long 65536 131072      # also stretches this long (models without
+                                                          # learned positions only; elita.md's "100K+")
+    python bench/long_context.py --table                  # the table from bench/results/long_context.json
+
+Each release is scored on the held-out end of War and Peace (its last 10%, the split its recipe trained
+beside), cut into consecutive windows of its context C and, where its positions allow, of 4C and of the
+--long lengths. The loss of every window is averaged by token position, and reported over ranges:
+[0, 64), the first tokens, which see little context; [C/2, C), the second half of the training context;
+[C, 2C) and [2C, 4C), beyond it; and powers of two further on. The issue's two targets are printed beside,
+and n-gram models counted on the training split as references (a 2-gram model reads one character back):
+
+    uses its context:  loss[C/2, C) <= loss[0, 64) - 0.15       (in windows of C)
+    keeps it at 4x:    loss[2C, 4C) <= loss[C/2, C) + 0.05      (in windows of 4C)
+
+A model with learned positions has none beyond C: it is scored at C only, and its record says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, locked, machine, print_table  # noqa: E402
+from zoo.utils.atomic import write_text_atomic  # noqa: E402
+
+OUT = RESULTS / "long_context.json"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("ZOO_DATA", ROOT.parent / "shared" / "data"))
+TEXT = DATA / "warpeace" / "warpeace_input.txt"
+RELEASES = ("gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
+            "elita-gpt-tiny.warpeace-alibi")
+USES, KEEPS = 0.15, 0.05  # the issue's margins
+FIRST = 64  # "the first 64 positions"
+
+
+def held_out(text_file: Path, train_fraction: float = 0.9) -> str:
+    """The end of the text that LongContextText validates on (its split, its reading of the byte-order mark)."""
+    text = text_file.read_text(encoding="utf-8-sig")
+    return text[int(len(text) * train_fraction):]
+
+
+def ngram_loss(train: torch.Tensor, test: torch.Tensor, order: int, vocab: int, alpha: float = 0.1) -> float:
+    """The held-out loss (nats per token) of an n-gram model counted on `train` with add-alpha smoothing:
+    p(t | the order-1 tokens before it) = (count(context, t) + alpha) / (count(context) + vocab * alpha).
+    A reference row for the table: what a model that reads only the last order-1 characters can reach."""
+    def joint(tokens):  # each position's context and next token as one integer, base vocab
+        code = torch.zeros(len(tokens) - order + 1, dtype=torch.long)
+        for k in range(order):
+            code = code * vocab + tokens[k: len(tokens) - order + 1 + k]
+        return code
+
+    train_joint, test_joint = joint(train), joint(test)
+    keys, counts = train_joint.unique(return_counts=True)
+    context_keys, context_counts = (train_joint // vocab).unique(return_counts=True)
+
+    def lookup(table, values, query):
+        at = torch.searchsorted(table, query).clamp(max=len(table) - 1)
+        return torch.where(table[at] == query, values[at], 0).double()
+
+    p = (lookup(keys, counts, test_joint) + alpha) / (lookup(context_keys, context_counts, test_joint // vocab)
+                                                      + vocab * alpha)
+    return float(-p.log().mean())
+
+
+def ranges(context: int, length: int) -> list[tuple[int, int]]:
+    """[0, 64), [C/2, C), then doubling ranges [C, 2C), [2C, 4C), ... up to `length`."""
+    spans, low = [(0, FIRST), (context // 2, context)], context
+    while low < length:
+        spans.append((low, min(2 * low, length)))
+        low *= 2
+    return spans
+
+
+@torch.inference_mode()
+def loss_by_position(model, tokens: torch.Tensor, length: int) -> tuple[torch.Tensor, int]:
+    """The mean next-token loss at each position 0..length-1 over consecutive windows of `length` tokens
+    (float64), and how many windows there were."""
+    windows = (len(tokens) - 1) // length
+    if windows == 0:
+        raise ValueError(f"the held-out text has {len(tokens):,} tokens, fewer than one window of {length:,}")
+    total = torch.zeros(length, dtype=torch.float64)
+    for w in range(windows):
+        chunk = tokens[w * length: w * length + length + 1]
+        x, y = chunk[:-1][None], chunk[1:]
+        logits = model(x)[0].float()
+        total += F.cross_entropy(logits, y, reduction="none").double()
+    return total / windows, windows
+
+
+def score(folder: Path, tokens_of, long: list[int]) -> dict:
+    import zoo
+
+    model = zoo.load(str(folder)).eval()
+    context = model.context_length
+    tokens = torch.tensor(tokens_of(model), dtype=torch.long)
+    learned = getattr(model, "pos_kind", None) == "learned"
+    lengths = [context] + ([] if learned else [4 * context] + [n for n in long if n > 4 * context])
+    record = {"context": context, "positions": model.config.get("pos_embed"),
+              "attention": model.config.get("attention"), "attention_options": model.config.get("attention_options"),
+              "held_out_tokens": len(tokens), "by_length": {},
+              "not_tested": "learned positions: none beyond the context" if learned else None}
+    for length in lengths:
+        start = time.perf_counter()
+        losses, windows = loss_by_position(model, tokens, length)
+        record["by_length"][str(length)] = {
+            "windows": windows, "seconds": round(time.perf_counter() - start, 1),
+            "loss": {f"{lo}-{hi}": round(float(losses[lo:hi].mean()), 4) for lo, hi in ranges(context, length)}}
+    at = record["by_length"]
+    c = at[str(context)]["loss"]
+    first, second_half = c[f"0-{FIRST}"], c[f"{context // 2}-{context}"]
+    record["uses_context"] = {"gain": round(first - second_half, 4), "met": first - second_half >= USES}
+    if str(4 * context) in at:
+        w = at[str(4 * context)]["loss"]
+        rise = w[f"{2 * context}-{4 * context}"] - w[f"{context // 2}-{context}"]
+        record["keeps_context_at_4x"] = {"rise": round(rise, 4), "met": rise <= KEEPS}
+    return record
+
+
+def table(results: dict) -> None:
+    rows = []
+    for name, r in results["runs"].items():
+        for length, entry in r["by_length"].items():
+            row = {"release": name, "windows of": int(length), "windows": entry["windows"]}
+            row.update({f"loss {k}": v for k, v in entry["loss"].items()})
+            rows.append(row)
+        uses = r["uses_context"]
+        rows[-1]["uses context (gain >= 0.15)"] = f"{uses['gain']:+.3f} {'met' if uses['met'] else 'NOT met'}"
+        if "keeps_context_at_4x" in r:
+            k = r["keeps_context_at_4x"]
+            rows[-1]["keeps it at 4x (rise <= 0.05)"] = f"{k['rise']:+.3f} {'met' if k['met'] else 'NOT met'}"
+        elif r.get("not_tested"):
+            rows[-1]["keeps it at 4x (rise <= 0.05)"] = "not tested: learned positions"
+    columns = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    print_table("War and Peace, held-out end: mean loss (nats per character) by token position", rows, columns)
+    if results.get("baselines"):
+        print("n-gram references on the same held-out text (counted on the training split, add-0.1 smoothing): "
+              + ", ".join(f"{k} {v}" for k, v in results["baselines"]["loss"].items()))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--releases", nargs="+", default=None,
+                        help="release folders (default: those of RELEASES present in checkpoints/)")
+    parser.add_argument("--long", nargs="*", type=int, default=[], help="longer windows to score, in tokens")
+    parser.add_argument("--text", type=Path, default=TEXT, help="War and Peace (default under $ZOO_DATA)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--table", action="store_true", help="print the table from --out, run nothing")
+    args = parser.parse_args(argv)
+    if not args.table:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        folders = [Path(f) for f in args.releases] if args.releases else [
+            ROOT / "checkpoints" / r for r in RELEASES if (ROOT / "checkpoints" / r / "config.json").is_file()]
+        if not folders:
+            raise SystemExit("no War and Peace release found: train one (recipes/*.warpeace.yaml) or pass --releases")
+        if not args.text.is_file():
+            raise SystemExit(f"War and Peace not found at {args.text}: set ZOO_DATA or --text")
+        text = held_out(args.text)
+        whole = args.text.read_text(encoding="utf-8-sig")
+        chars = {c: i for i, c in enumerate(sorted(set(whole)))}
+        tokens = torch.tensor([chars[c] for c in whole])
+        split = len(whole) - len(text)
+        baselines = {f"{n}-gram": round(ngram_loss(tokens[:split], tokens[split:], n, len(chars)), 4)
+                     for n in (1, 2, 3)}
+        for folder in folders:
+            print(f"{folder.name} ...", flush=True)
+            record = score(folder, lambda model: model.tokenizer.encode(text), args.long)
+            with locked(args.out.stem):
+                results = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
+                results["runs"][folder.name] = record
+                results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
+                results.update({"command": "python bench/long_context.py " + " ".join(argv or sys.argv[1:]),
+                                "machine": machine()})
+                write_text_atomic(args.out, json.dumps(results, indent=2))
+    table(json.loads(args.out.read_text()))
+
+
+if __name__ == "__main__":
+    main()
