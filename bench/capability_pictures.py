@@ -55,7 +55,7 @@ def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) ->
     return per_query.mean(0), sum(1 / (q + 1) for _, q, _ in where) / len(where)
 
 
-def measure(model_name: str, folder: Path, data) -> tuple[dict, torch.Tensor]:
+def measure(folder: Path, data) -> tuple[dict, torch.Tensor]:
     import zoo
     from zoo.viz import capture
 
@@ -105,6 +105,10 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in capabilities.MODELS]
+    if unknown:
+        raise SystemExit(f"bench/capability_pictures.py: error: unknown model {unknown[0]!r}; choose from "
+                         f"{', '.join(capabilities.MODELS)}")
     if not args.table:
         torch.set_num_threads(1)
         records, last = {}, {}
@@ -115,7 +119,7 @@ def main(argv=None):
                 capabilities.run_one("mqar", model, 0, tiny=False, keep=folder)
             data = capabilities.build_data("mqar", capabilities.TASKS["mqar"], 64, 0, tiny=False, full_lengths=False)
             data.setup("test")
-            records[model], last[model] = measure(model, folder, data)
+            records[model], last[model] = measure(folder, data)
         draw(records, last)
         write_text_atomic(OUT, json.dumps({"models": records, "command": "python bench/capability_pictures.py",
                                            "machine": machine()}, indent=2))

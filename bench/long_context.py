@@ -33,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, locked, machine, print_table  # noqa: E402
+from zoo.data.sequences import LongContextText  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "long_context.json"
@@ -43,12 +44,6 @@ RELEASES = ("gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warp
             "elita-gpt-tiny.warpeace-alibi")
 USES, KEEPS = 0.15, 0.05  # the issue's margins
 FIRST = 64  # "the first 64 positions"
-
-
-def held_out(text_file: Path, train_fraction: float = 0.9) -> str:
-    """The end of the text that LongContextText validates on (its split, its reading of the byte-order mark)."""
-    text = text_file.read_text(encoding="utf-8-sig")
-    return text[int(len(text) * train_fraction):]
 
 
 def ngram_loss(train: torch.Tensor, test: torch.Tensor, order: int, vocab: int, alpha: float = 0.1) -> float:
@@ -99,12 +94,16 @@ def loss_by_position(model, tokens: torch.Tensor, length: int) -> tuple[torch.Te
     return total / windows, windows
 
 
-def score(folder: Path, tokens_of, long: list[int]) -> dict:
+def score(folder: Path, data, long: list[int]) -> dict:
+    """One release's record: its loss by position on the held-out tokens of `data` (a LongContextText)."""
     import zoo
 
     model = zoo.load(str(folder)).eval()
+    if model.tokenizer is None or model.tokenizer.to_dict() != data.tokenizer.to_dict():
+        raise ValueError(f"{folder} was not trained on the characters of {data.source}: its tokenizer differs "
+                         "from the text's (pass the text it was trained on with --text)")
     context = model.context_length
-    tokens = torch.tensor(tokens_of(model), dtype=torch.long)
+    tokens = data.val_tokens
     learned = getattr(model, "pos_kind", None) == "learned"
     lengths = [context] + ([] if learned else [4 * context] + [n for n in long if n > 4 * context])
     record = {"context": context, "positions": model.config.get("pos_embed"),
@@ -168,26 +167,28 @@ def main(argv=None):
         folders = [Path(f) for f in args.releases] if args.releases else [
             ROOT / "checkpoints" / r for r in RELEASES if (ROOT / "checkpoints" / r / "config.json").is_file()]
         if not folders:
-            raise SystemExit("no War and Peace release found: train one (recipes/*.warpeace.yaml) or pass --releases")
+            raise SystemExit("bench/long_context.py: error: no War and Peace release found: train one "
+                             "(recipes/*.warpeace.yaml) or pass --releases")
         if not args.text.is_file():
-            raise SystemExit(f"War and Peace not found at {args.text}: set ZOO_DATA or --text")
-        text = held_out(args.text)
-        whole = args.text.read_text(encoding="utf-8-sig")
-        chars = {c: i for i, c in enumerate(sorted(set(whole)))}
-        tokens = torch.tensor([chars[c] for c in whole])
-        split = len(whole) - len(text)
-        baselines = {f"{n}-gram": round(ngram_loss(tokens[:split], tokens[split:], n, len(chars)), 4)
-                     for n in (1, 2, 3)}
-        for folder in folders:
-            print(f"{folder.name} ...", flush=True)
-            record = score(folder, lambda model: model.tokenizer.encode(text), args.long)
-            with locked(args.out.stem):
-                results = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
-                results["runs"][folder.name] = record
-                results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
-                results.update({"command": "python bench/long_context.py " + " ".join(argv or sys.argv[1:]),
-                                "machine": machine()})
-                write_text_atomic(args.out, json.dumps(results, indent=2))
+            raise SystemExit(f"bench/long_context.py: error: War and Peace not found at {args.text}: set ZOO_DATA "
+                             "or --text")
+        try:  # the split the recipes trained beside, read as they read it
+            data = LongContextText(str(args.text), context_length=FIRST)
+            vocab = data.tokenizer.vocab_size
+            baselines = {f"{n}-gram": round(ngram_loss(data.train_tokens, data.val_tokens, n, vocab), 4)
+                         for n in (1, 2, 3)}
+            for folder in folders:
+                print(f"{folder.name} ...", flush=True)
+                record = score(folder, data, args.long)
+                with locked(args.out.stem):
+                    results = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
+                    results["runs"][folder.name] = record
+                    results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
+                    results.update({"command": "python bench/long_context.py " + " ".join(argv or sys.argv[1:]),
+                                    "machine": machine()})
+                    write_text_atomic(args.out, json.dumps(results, indent=2))
+        except (OSError, ValueError, TypeError) as e:  # a folder or text that is not what it should be: one line
+            raise SystemExit(f"bench/long_context.py: error: {e}") from None
     table(json.loads(args.out.read_text()))
 
 

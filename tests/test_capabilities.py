@@ -258,6 +258,7 @@ PINNED_LISTOPS = ("[SM 4 5 3 ]", 2)
     (lambda: InductionHeads(sequence_length=3), ["sequence_length must be >= 4", "got 3"]),
     (lambda: InductionHeads(vocab_size=16, sequence_length=32, test_lengths=[64]),
      ["test_lengths[0]=64", "vocab_size >= 17"]),
+    (lambda: InductionHeads(vocab_size=2, sequence_length=4), ["sequence_length=4", "vocab_size >= 3"]),
     (lambda: ListOps(min_length=600, max_length=500), ["max_length=500", "min_length=600"]),
     (lambda: ListOps(max_depth=2, max_args=3, min_length=6), ["min_length=6", "at most 5 tokens"]),
     (lambda: ListOps(max_depth=10, max_args=2, min_length=900, max_length=1000), ["none had between"]),
@@ -518,3 +519,25 @@ def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
     stdlib = LongContextText("stdlib", context_length=64, val_windows=2).describe()
     assert "file" not in stdlib and stdlib["init_args"]["path"] == "stdlib"
     assert datamodule_for({"training": {"data": stdlib}}, tmp_path / "nowhere").dataset == stdlib["name"]
+
+
+def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
+    """A folder that is no release, a release of another text's characters, a text shorter than one window:
+    each a one-line error naming what is wrong, and no results file written."""
+    from bench import long_context
+
+    (tmp_path / "t.txt").write_text("abc " * 300)
+    out = tmp_path / "long.json"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match=r"^bench/long_context.py: error: a release folder needs config.json"):
+        long_context.main(["--releases", str(tmp_path / "empty"), "--text", str(tmp_path / "t.txt"), "--out", str(out)])
+    import zoo
+
+    other = zoo.create("micro-gpt-tiny", vocab_size=5, context_length=32, embed_dim=32, depth=1, num_heads=2,
+                       tokenizer={"type": "char", "chars": "vwxyz"})
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(SystemExit, match=r"was not trained on the characters of .*t\.txt"):
+        long_context.main(["--releases", str(tmp_path / "other"), "--text", str(tmp_path / "t.txt"), "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"War and Peace not found at .*missing\.txt"):
+        long_context.main(["--releases", str(tmp_path / "other"), "--text", str(tmp_path / "missing.txt")])
+    assert not out.exists()

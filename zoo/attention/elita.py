@@ -39,8 +39,10 @@ back a token is (the sines read absolute positions). Trained on War and Peace at
 characters, the original reached a held-out loss of 2.35 nats per character and pos_dim=0 2.38, between
 a 2-gram (2.44) and a 3-gram model (1.95), and neither did better late in the window than early; with
 positions="alibi" (and pos_dim=0) the same budget reached 1.23, and the loss held at 4x the context
-(README, "What each attention can do"). FeedForward2 is y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3
-with W3 a d x d x rank kernel (rank 8 in the write-up).
+(README, "What each attention can do").
+
+FeedForward2 is y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3 with W3 a d x d x rank kernel
+(rank 8 in the write-up).
 """
 
 from __future__ import annotations
@@ -190,6 +192,9 @@ class ElitaAttention(nn.Module):
         if not flag(causal, "causal", owner):
             raise ValueError("ElitaAttention is causal only (its sums run over j <= i), got causal=False")
         self.head_dim = check_heads(dim, heads, owner)
+        if positions is not None and positions != "alibi":
+            raise ValueError(f"{owner} positions must be None (the write-up's equation) or 'alibi', "
+                             f"got {shown(positions)}")
         # max_len is n in the positions' i / n; 0 would divide by zero and make every output NaN
         max_len, pos_dim = integer(max_len, "max_len", owner), integer(pos_dim, "pos_dim", owner, minimum=0)
         chunk_size = integer(chunk_size, "chunk_size", owner)
@@ -204,9 +209,6 @@ class ElitaAttention(nn.Module):
         self.phase = nn.Parameter(torch.rand(2, heads, pos_dim) * 2 * math.pi)
         self.pos_weight = nn.Parameter(torch.randn(heads, pos_dim) * max(pos_dim, 1) ** -0.5 * 0.1)  # c
         self.value = nn.Linear(dim, dim, bias=False)  # V, one slice of rows per head
-        if positions is not None and positions != "alibi":
-            raise ValueError(f"{owner} positions must be None (the write-up's equation) or 'alibi', "
-                             f"got {shown(positions)}")
         self.positions = positions
         # m_h: fixed, as in ALiBi; a buffer that is not saved (it follows from heads alone)
         self.register_buffer("slopes", alibi_slopes(heads, dtype=torch.float32) if positions else None,

@@ -231,14 +231,19 @@ class InductionHeads(SequenceData):
         if length < 4:
             raise ValueError(f"InductionHeads {name} must be >= 4 (a segment of 2 and its copy, one token scored), "
                              f"got {length}")
-        if length // 4 > self.vocab_size - 1:
-            raise ValueError(f"InductionHeads {name}={length} repeats segments of at least {length // 4} distinct "
+        shortest = self._shortest(length)
+        if shortest > self.vocab_size - 1:
+            raise ValueError(f"InductionHeads {name}={length} repeats segments of at least {shortest} distinct "
                              f"tokens beside noise from the other tokens, more than vocab_size={self.vocab_size} "
-                             f"allows: set vocab_size >= {length // 4 + 1}")
+                             f"allows: set vocab_size >= {shortest + 1}")
+
+    @staticmethod
+    def _shortest(length: int) -> int:
+        return max(2, length // 4)  # a quarter of the sequence, and at least one token scored
 
     def example(self, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
-        shortest, longest = max(2, length // 4), min(length // 2, self.vocab_size - 1)
+        shortest, longest = self._shortest(length), min(length // 2, self.vocab_size - 1)
         size = int(torch.randint(shortest, longest + 1, (), generator=g))
         segment = torch.randperm(self.vocab_size, generator=g)[:size]
         return induction_sequence(segment, noise_tokens(self.vocab_size, segment, length - 2 * size, g))
