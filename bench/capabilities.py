@@ -40,10 +40,13 @@ TINY_OUT = RESULTS / "capabilities_tiny.json"
 DATA = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # "name:sincos": the model with sinusoidal positions, so that softmax attention is also tested beyond its
 # training length (with learned positions it cannot be); "elita-gpt-tiny:alibi": ELiTA with ALiBi's fading
-# history instead of its sines (attention_options positions alibi, pos_dim 0)
+# history instead of its sines (attention_options positions alibi, pos_dim 0); "name:conv" below
 MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "quiet-gpt-tiny", "micro-gpt-tiny",
           "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny", "hybrid-micro-gpt-tiny",
-          "hybrid-elita-gpt-tiny")
+          "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv")
+# "name:conv": the model with a short causal convolution of this width at the start of every block
+# (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones)
+CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
 MIXES = {"hybrid-micro-gpt-tiny": "micro", "hybrid-elita-gpt-tiny": "elita"}
@@ -116,6 +119,8 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
     name, _, positions = model.partition(":")
     if name == "elita-gpt-tiny" and positions == "alibi":  # ELiTA's own option: a fading history, no sines
         size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
+    elif positions == "conv":  # a short convolution at the start of every block (Based's local mixing)
+        size = {**size, "short_conv": CONV_WIDTH}
     else:
         size = {**size, "pos_embed": positions} if positions else dict(size)
     if name in MIXES:  # registered with 4 blocks; here at the suite's depth

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = RESULTS / "capability_pictures.json"
 KEPT = ROOT / "bench" / "runs" / "capabilities"
 IMAGES = ROOT / "docs" / "images"
-MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny")
+MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny:conv")
 SEQUENCES = 100  # test sequences measured
 
 
@@ -113,7 +113,7 @@ def main(argv=None):
         torch.set_num_threads(1)
         records, last = {}, {}
         for model in args.models:
-            folder = KEPT / f"mqar-{model}-0"
+            folder = KEPT / f"mqar-{model.replace(':', '-')}-0"  # (no colon in a folder name)
             if not (folder / "config.json").is_file():
                 print(f"training mqar/{model}/0 ...", flush=True)
                 capabilities.run_one("mqar", model, 0, tiny=False, keep=folder)

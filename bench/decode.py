@@ -71,10 +71,13 @@ def with_room(states: list, steps: int) -> list:
     """A copy of each KVCache in buffers with room for `steps` more tokens, which this copy owns (as the
     states in a decoding loop are between doublings); other states as they are."""
     from zoo.attention.softmax import KVCache
+    from zoo.models.short_conv import ConvState
 
     roomy = []
     for s in states:
-        if isinstance(s, KVCache):
+        if isinstance(s, ConvState):  # a block with a short convolution: room in its attention's cache
+            s = ConvState(s.tail, with_room([s.attention], steps)[0])
+        elif isinstance(s, KVCache):
             n = s.length
             keys = s.keys.new_empty(*s.keys.shape[:2], n + steps, s.keys.shape[-1])
             values = keys.clone()

@@ -13,11 +13,12 @@ if [ ${#recipes[@]} -eq 0 ]; then
   recipes=(micro-vit-tiny.mnist fused-pool-vit-tiny.mnist fused-1d-tiny.mnist1d fused-3d-tiny.adrenal
            gpt-tiny.shakespeare quiet-gpt-tiny.shakespeare micro-gpt-tiny.shakespeare elita-gpt-tiny.shakespeare
            incontext-gpt-tiny.shakespeare hybrid-micro-gpt-tiny.shakespeare hybrid-elita-gpt-tiny.shakespeare
+           hybrid-micro-conv-gpt-tiny.shakespeare hybrid-elita-conv-gpt-tiny.shakespeare
            hybrid-micro-vit-tiny.mnist incontext-vit-tiny.mnist
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion
            gpt-tiny.warpeace micro-gpt-tiny.warpeace elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
-           elita-gpt-tiny.warpeace-alibi)
+           elita-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

@@ -19,3 +19,19 @@ def data_root() -> Path | None:
     """The shared data folder: $ZOO_DATA, else ../shared/data beside the checkout."""
     root = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
     return root.resolve() if root.is_dir() else None
+
+
+def onnx_decoding(folder: Path):
+    """The exported prefill.onnx and step.onnx of a release folder as callables on tensors, through ONNX Runtime
+    (for zoo.models.decoding.greedy)."""
+    import onnxruntime as ort
+
+    def program(name):
+        session = ort.InferenceSession(str(folder / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+
+        def run(*inputs):
+            feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+            return [torch.as_tensor(o) for o in session.run(None, feed)]
+        return run
+
+    return program("prefill"), program("step")

@@ -166,3 +166,13 @@ def fused_attention(layer, x, key_padding_mask=None, norm="softmax", fuse="mean"
             alphas[bi, hi] = alpha
             out[bi, sl] = sum(alpha[j] * v[bi, j, sl] for j in range(n))
     return out, alphas
+
+
+def greedy_by_recompute(model, prompt: list[int], steps: int) -> list[int]:
+    """Greedy decoding the slow way: each new token the argmax of a full forward pass over the sequence so far
+    (no state, no cache), the reference for every decoding path."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids

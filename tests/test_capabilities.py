@@ -420,11 +420,15 @@ def test_bench_tiny_is_resumable(tmp_path):
     from bench import capabilities
 
     out = tmp_path / "capabilities.json"
-    args = ["--tiny", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "gpt-tiny", "gpt-tiny:sincos", "--out",
-            str(out)]
+    args = ["--tiny", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "gpt-tiny", "gpt-tiny:sincos",
+            "hybrid-micro-gpt-tiny:conv", "--out", str(out)]
     capabilities.main(args)
     first = json.loads(out.read_text())
-    assert set(first["runs"]) == {"mqar/micro-gpt-tiny/0", "mqar/gpt-tiny/0", "mqar/gpt-tiny:sincos/0"}
+    assert set(first["runs"]) == {"mqar/micro-gpt-tiny/0", "mqar/gpt-tiny/0", "mqar/gpt-tiny:sincos/0",
+                                  "mqar/hybrid-micro-gpt-tiny:conv/0"}
+    # ":conv": the model with a short convolution in every block (here the tiny size's one block, softmax)
+    conv = first["runs"]["mqar/hybrid-micro-gpt-tiny:conv/0"]["size"]
+    assert conv["short_conv"] == capabilities.CONV_WIDTH and conv["attention"][-1] == "softmax"
     micro, gpt = first["runs"]["mqar/micro-gpt-tiny/0"], first["runs"]["mqar/gpt-tiny/0"]
     for extends in (micro, first["runs"]["mqar/gpt-tiny:sincos/0"]):
         assert set(extends["metrics"]) >= {"test/accuracy@32", "test/accuracy@64"} and extends["not_tested"] is None

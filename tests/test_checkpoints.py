@@ -25,10 +25,14 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            # issue 25: the in-context bias and the hybrids
            "incontext-gpt-tiny.shakespeare", "hybrid-micro-gpt-tiny.shakespeare", "hybrid-elita-gpt-tiny.shakespeare",
            "hybrid-micro-vit-tiny.mnist", "incontext-vit-tiny.mnist",
+           "hybrid-micro-conv-gpt-tiny.shakespeare", "hybrid-elita-conv-gpt-tiny.shakespeare",
            # issue 24: long context (2,048 characters of War and Peace); elita also without its sine positions
            # and with ALiBi's fading history instead
            "gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
-           "elita-gpt-tiny.warpeace-alibi"]
+           "elita-gpt-tiny.warpeace-alibi",
+           # the hybrids at 2,048: ELiTA with the fading history and a rotary softmax block; micro with short
+           # convolutions
+           "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace"]
 
 
 def test_every_planned_checkpoint_is_shipped():

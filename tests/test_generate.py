@@ -13,6 +13,8 @@ import zoo
 from zoo.attention import KVCache, build
 from zoo.models.tokenizer import CharTokenizer
 
+from .reference import greedy_by_recompute
+
 CAUSAL = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "clipped-gpt-tiny", "gated-gpt-tiny"]
 PROMPTS = [[5, 17, 3, 9, 22, 40, 1], [7], [11, 12, 13]]
 
@@ -31,15 +33,6 @@ def sharp(name: str, context_length: int = 256, text: str | None = None):
     with torch.no_grad():
         model.tok_embed.weight.mul_(50)
     return model
-
-
-def greedy_by_recompute(model, prompt: list[int], steps: int) -> list[int]:
-    """The reference: each token the argmax of a full forward pass of the sequence so far."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(steps):
-            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
-    return ids
 
 
 @pytest.mark.parametrize("name", CAUSAL)

@@ -18,6 +18,9 @@ from zoo.attention.elita import FeedForward2
 from zoo.models import TextTransformer, decoding
 from zoo.models.layers import Mlp
 
+from .conftest import onnx_decoding
+from .reference import greedy_by_recompute
+
 HYBRID = ["micro", "softmax", "elita", "incontext"]
 SMALL = dict(vocab_size=50, context_length=64, embed_dim=32, depth=4, num_heads=2, pos_embed="none")
 
@@ -34,15 +37,6 @@ def sharp(attention, **kwargs) -> TextTransformer:
                 block.attn.table.weight.normal_(std=0.5)
                 block.attn.gate.bias.normal_(std=2.0)
     return model
-
-
-def greedy_by_recompute(model, prompt: list[int], steps: int) -> list[int]:
-    """The reference: each token the argmax of a full forward pass of the sequence so far."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(steps):
-            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
-    return ids
 
 
 # ---- one attention, MLP and options per block ---------------------------------------------------------------
@@ -233,19 +227,8 @@ def test_onnx_decoding_of_a_hybrid(tmp_path):
     assert all(d <= 1e-4 for d in diffs.values())
     config = json.loads((folder / "config.json").read_text())
     assert config["state"] == decoding.state_names(model) and len(config["state"]) == 10
-    import onnxruntime as ort
-
-    sessions = {n: ort.InferenceSession(str(folder / f"{n}.onnx"), providers=["CPUExecutionProvider"])
-                for n in ("prefill", "step")}
-
-    def program(name):
-        def run(*inputs):
-            feed = {i.name: t.numpy() for i, t in zip(sessions[name].get_inputs(), inputs)}
-            return [torch.as_tensor(o) for o in sessions[name].run(None, feed)]
-        return run
-
     prompt = torch.tensor([[5, 17, 3, 9], [7, 1, 2, 30], [4, 4, 4, 4]])
-    got = decoding.greedy(program("prefill"), program("step"), prompt, 10)
+    got = decoding.greedy(*onnx_decoding(folder), prompt, 10)
     assert got.tolist() == [greedy_by_recompute(model, p, 10) for p in prompt.tolist()]
 
 

@@ -12,6 +12,8 @@ attention (a hybrid's blocks differ):
     elita:           log_norm, mean            (batch, heads), (batch, heads, head_dim)
     incontext:       keys, values, starts, total   the KV cache as softmax's; (batch, heads, tokens seen),
                      (batch, heads): the gate sums before each key and of every token seen
+A block with a short convolution (TextTransformer's short_conv) has one more tensor first, its
+last w - 1 inputs: conv (batch, w - 1, dim).
 Both run `TextTransformer.forward_step`, so they compute what `generate` computes. `export`
 gives both as torch.export programs; `greedy` decodes with any pair of such callables
 (exported programs, ONNX Runtime sessions) exactly as `generate(temperature=0)` does,
@@ -31,6 +33,7 @@ from zoo.attention.elita import ElitaState
 from zoo.attention.incontext import InContextState
 from zoo.attention.micro import MicroState
 from zoo.attention.softmax import KVCache
+from zoo.models.short_conv import ConvState
 
 STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED},
                 "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean"),
@@ -49,19 +52,27 @@ def state_names(model) -> list[str]:
     Args:
         model: the TextTransformer whose blocks' states are named.
     """
-    return [f"block{i}.{f}" for i, kind in enumerate(block_kinds(model)) for f in STATE_FIELDS[kind]]
+    return [f"block{i}.{f}" for i, (kind, width) in enumerate(zip(block_kinds(model), model.short_convs))
+            for f in ("conv",) * bool(width) + STATE_FIELDS[kind]]
 
 
 def flatten_states(states: list) -> list[torch.Tensor]:
     """Block states as plain tensors in block order: keys, values (KVCache); weighted_sum, score_sum
-    (MicroState); log_norm, mean (ElitaState); or keys, values, starts, total (InContextState).
+    (MicroState); log_norm, mean (ElitaState); or keys, values, starts, total (InContextState); a ConvState's
+    tail before its attention's.
 
     Args:
         states: the blocks' states, as `TextTransformer.forward_step` returns them.
     """
-    # a KVCache's buffers may have room beyond its tokens (decoding grows them by doubling): only its tokens
-    return [getattr(s, f)[:, :, :s.length] if isinstance(s, KVCache) and s.filled is not None else getattr(s, f)
-            for s in states for f in STATE_FIELDS[_kind(s)]]
+    tensors = []
+    for s in states:
+        if isinstance(s, ConvState):
+            tensors.append(s.tail)
+            s = s.attention
+        # a KVCache's buffers may have room beyond its tokens (decoding grows them by doubling): only its tokens
+        tensors += [getattr(s, f)[:, :, :s.length] if isinstance(s, KVCache) and s.filled is not None
+                    else getattr(s, f) for f in STATE_FIELDS[_kind(s)]]
+    return tensors
 
 
 def _kind(state) -> str:
@@ -80,22 +91,23 @@ def unflatten_states(model, position: torch.Tensor, tensors: Sequence[torch.Tens
         position: the number of tokens seen, a 0-d int64 tensor (ElitaState keeps it).
         tensors: each block's tensors, in block order, as `flatten_states` lists them.
     """
-    kinds = block_kinds(model)
-    want = sum(len(STATE_FIELDS[kind]) for kind in kinds)
-    if len(tensors) != want:
-        raise ValueError(f"{type(model).__name__}'s {len(kinds)} blocks take {want} state tensors "
-                         f"({', '.join(state_names(model))}), got {len(tensors)}")
+    kinds, names = block_kinds(model), state_names(model)
+    if len(tensors) != len(names):
+        raise ValueError(f"{type(model).__name__}'s {len(kinds)} blocks take {len(names)} state tensors "
+                         f"({', '.join(names)}), got {len(tensors)}")
     states, rest = [], list(tensors)
-    for kind in kinds:
+    for kind, width in zip(kinds, model.short_convs):
+        tail, rest = (rest[0], rest[1:]) if width else (None, rest)
         fields, rest = rest[:len(STATE_FIELDS[kind])], rest[len(STATE_FIELDS[kind]):]
         if kind in KV_CACHED:
-            states.append(KVCache(*fields))
+            state = KVCache(*fields)
         elif kind == "micro":
-            states.append(MicroState(*fields))
+            state = MicroState(*fields)
         elif kind == "elita":
-            states.append(ElitaState(*fields, position))
+            state = ElitaState(*fields, position)
         else:
-            states.append(InContextState(*fields))
+            state = InContextState(*fields)
+        states.append(state if tail is None else ConvState(tail, state))
     return states
 
 
@@ -173,8 +185,9 @@ def dynamic_shapes(model, prefill: bool):
     seen = Dim("cached", min=1, max=top)
     quiet = seen if all(k in ("quiet", "micro", "elita") for k in kinds) else Dim("quiet_cached", min=1, max=top)
     shapes = []
-    for kind in kinds:
+    for kind, width in zip(kinds, model.short_convs):
         cached = quiet if kind == "quiet" else seen
+        shapes += [{0: batch}] * bool(width)  # the convolution's tail
         shapes += {"micro": [{0: batch}] * 2, "elita": [{0: batch}] * 2,
                    "incontext": [{0: batch, 2: cached}] * 3 + [{0: batch}]}.get(kind, [{0: batch, 2: cached}] * 2)
     return ({0: batch}, None, tuple(shapes))  # the state: Step.forward's *state

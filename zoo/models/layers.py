@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from zoo.attention import KV_CACHED, MECHANISMS, FeedForward2, build
+from zoo.models.short_conv import ConvState, ShortConv
 from zoo.utils.checks import shown
 
 MLPS = ("mlp", "ffn2")
@@ -135,7 +136,8 @@ class Mlp(nn.Sequential):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with short_conv=w (causal
+    blocks), first x + conv(norm(x)), a causal convolution over the last w tokens (zoo/models/short_conv.py)."""
 
     def __init__(
         self,
@@ -150,9 +152,13 @@ class Block(nn.Module):
         dropout: float = 0.0,
         drop_path: float = 0.0,
         attention_options: dict | None = None,
+        short_conv: int = 0,
     ):
         super().__init__()
         check_choice(mlp, MLPS, "mlp", "Block")
+        if short_conv and not causal:
+            raise ValueError(f"Block short_conv={short_conv} is a causal convolution; it needs causal=True")
+        self.short_conv = ShortConv(dim, short_conv) if short_conv else None
         extra = {}
         if attention in KV_CACHED:
             extra = {"max_len": max_len, "learned_bias": learned_bias, "dropout": dropout}
@@ -177,10 +183,25 @@ class Block(nn.Module):
             self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.short_conv is not None:
+            x = self.short_conv(x, key_padding_mask)[0]
         x = self.after_attn(x + self.drop_path(self.attn(self.norm1(x), key_padding_mask=key_padding_mask)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def step(self, x: torch.Tensor, state=None, key_padding_mask: torch.Tensor | None = None):
-        y, state = self.attn.step(self.norm1(x), state, key_padding_mask=key_padding_mask)
+        if self.short_conv is None:
+            y, state = self.attn.step(self.norm1(x), state, key_padding_mask=key_padding_mask)
+        else:  # a ConvState: the convolution's last inputs, and the attention's own state
+            want = (x.shape[0], self.short_conv.width - 1, x.shape[2])
+            if state is not None and not (isinstance(state, ConvState) and isinstance(state.tail, torch.Tensor)
+                                          and tuple(state.tail.shape) == want):
+                got = (f"a tail of shape {tuple(state.tail.shape)}" if isinstance(state, ConvState) and
+                       isinstance(state.tail, torch.Tensor) else type(state).__name__)
+                raise ValueError(f"Block.step of a block with a short convolution expects state=None or the "
+                                 f"ConvState it returned (a tail of shape {want}), got {got}")
+            tail, inner = (None, None) if state is None else (state.tail, state.attention)
+            x, tail = self.short_conv(x, key_padding_mask, tail)
+            y, inner = self.attn.step(self.norm1(x), inner, key_padding_mask=key_padding_mask)
+            state = ConvState(tail, inner)
         x = self.after_attn(x + y)
         return x + self.mlp(self.norm2(x)), state
