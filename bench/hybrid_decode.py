@@ -30,10 +30,8 @@ from bench.decode import STEPS, decode, with_room  # noqa: E402
 BASELINE = "gpt-tiny"
 # incontext-gpt-tiny is left out: it keeps a KV cache as softmax does, and its prefill builds an L x L bias
 # (4 GiB a block at 16k tokens)
-# "name:conv": with a short convolution of width 4 at the start of every block (short_conv=4), the setting
-# that lets the hybrids recall (bench/capabilities.py)
 MODELS = [BASELINE, "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny",
-          "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv"]
+          "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny"]
 CONTEXTS = [256, 1024, 4096, 16384]
 ROUNDS = 5
 
@@ -66,8 +64,7 @@ def main():
     torch.set_num_threads(1)  # the machine is shared; one thread also makes the timings comparable
     contexts = CONTEXTS[:2] if args.quick else CONTEXTS
     torch.manual_seed(0)
-    models = {name: zoo.create(name.removesuffix(":conv"), context_length=max(contexts) + STEPS + 1,
-                               short_conv=4 if name.endswith(":conv") else 0).eval() for name in MODELS}
+    models = {name: zoo.create(name, context_length=max(contexts) + STEPS + 1).eval() for name in MODELS}
     rows = []
     with torch.no_grad():
         for n in contexts:

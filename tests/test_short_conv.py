@@ -181,3 +181,33 @@ def test_the_registered_conv_hybrids_are_the_hybrids_with_a_convolution_in_every
         extra = {k for k in conv.state_dict()} - {k for k in plain.state_dict()}
         assert extra == {f"blocks.{i}.short_conv.{p}" for i in range(4)
                          for p in ("norm.weight", "norm.bias", "conv.weight", "conv.bias")}
+
+
+def test_a_folder_zoo_did_not_write_is_refused_naming_its_file(tmp_path):
+    model = TextTransformer(**{**SMALL, "attention": "micro", "depth": 2})
+    save_pretrained(model, tmp_path / "m")
+    config_file = tmp_path / "m" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["args"]["short_conv"] = 1  # an edited config: refused by the argument's own check, naming the file
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: TextTransformer short_conv must be 0 \(none\)"):
+        zoo.load(tmp_path / "m")
+    config["args"]["short_conv"] = 4  # weights without the convolutions: every missing tensor is named
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"missing \(8\): blocks.0.short_conv.norm.weight"):
+        zoo.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("build, call, error, message", [
+    ((8, 1), None, ValueError, r"ShortConv width must be between 2 and 64, got 1"),
+    ((0, 4), None, ValueError, r"ShortConv dim must be between 1"),
+    ((8, 4), lambda c: c(torch.randn(2, 8)), ValueError, r"ShortConv expects input of shape \(batch, length, 8\)"),
+    ((8, 4), lambda c: c(torch.randint(0, 3, (2, 5, 8))), ValueError, r"floating-point input"),
+    ((8, 4), lambda c: c(torch.randn(2, 5, 8), torch.ones(2, 4, dtype=torch.bool)), ValueError, r"ShortConv"),
+    ((8, 4), lambda c: c(torch.randn(2, 5, 8), None, torch.zeros(2, 2, 8)), ValueError,
+     r"tail of shape \(2, 3, 8\) it returned for these tokens, got a tail of shape \(2, 2, 8\)"),
+])
+def test_the_layer_alone_refuses_what_it_cannot_compute(build, call, error, message):
+    with pytest.raises(error, match=message):
+        layer = ShortConv(*build)
+        call(layer)

@@ -191,14 +191,11 @@ class Block(nn.Module):
     def step(self, x: torch.Tensor, state=None, key_padding_mask: torch.Tensor | None = None):
         if self.short_conv is None:
             y, state = self.attn.step(self.norm1(x), state, key_padding_mask=key_padding_mask)
-        else:  # a ConvState: the convolution's last inputs, and the attention's own state
-            want = (x.shape[0], self.short_conv.width - 1, x.shape[2])
-            if state is not None and not (isinstance(state, ConvState) and isinstance(state.tail, torch.Tensor)
-                                          and tuple(state.tail.shape) == want):
-                got = (f"a tail of shape {tuple(state.tail.shape)}" if isinstance(state, ConvState) and
-                       isinstance(state.tail, torch.Tensor) else type(state).__name__)
+        else:  # a ConvState: the convolution's last inputs (ShortConv checks them), and the attention's own state
+            if state is not None and not isinstance(state, ConvState):
+                want = (x.shape[0], self.short_conv.width - 1, x.shape[2])
                 raise ValueError(f"Block.step of a block with a short convolution expects state=None or the "
-                                 f"ConvState it returned (a tail of shape {want}), got {got}")
+                                 f"ConvState it returned (a tail of shape {want}), got {type(state).__name__}")
             tail, inner = (None, None) if state is None else (state.tail, state.attention)
             x, tail = self.short_conv(x, key_padding_mask, tail)
             y, inner = self.attn.step(self.norm1(x), inner, key_padding_mask=key_padding_mask)

@@ -472,17 +472,21 @@ class TextTransformer(Releasable, nn.Module):
 
 
 def _short_convs(value, depth: int, owner: str) -> list[int]:
-    """short_conv for every block: 0 (none) or a width in [2, MAX_WIDTH], from one int or a list of `depth`."""
-    widths = value if isinstance(value, (list, tuple)) else [value]  # one for all: checked even at depth 0
-    if widths is value and len(widths) != depth:
-        raise ValueError(f"{owner} short_conv lists {len(widths)} widths, but depth={depth}: give one per block, "
+    """short_conv for every block, from one width for all (checked even at depth 0) or a list of `depth`."""
+    if not isinstance(value, (list, tuple)):
+        return [_short_conv(value, "short_conv", owner)] * depth
+    if len(value) != depth:
+        raise ValueError(f"{owner} short_conv lists {len(value)} widths, but depth={depth}: give one per block, "
                          f"or one for all")
-    for index, width in enumerate(widths):
-        what = "short_conv" if widths is not value else f"short_conv[{index}] (block {index})"
-        if integer(width, what, owner, 0, MAX_WIDTH) == 1:
-            raise ValueError(f"{owner} {what} must be 0 (none) or a width between 2 and {MAX_WIDTH}, got 1: a "
-                             f"convolution over one token sees no other")
-    return [int(width) for width in widths] if widths is value else [int(value)] * depth
+    return [_short_conv(width, f"short_conv[{i}] (block {i})", owner) for i, width in enumerate(value)]
+
+
+def _short_conv(width, what: str, owner: str) -> int:
+    """0 (none) or a width in [2, MAX_WIDTH]."""
+    if integer(width, what, owner, 0, MAX_WIDTH) == 1:
+        raise ValueError(f"{owner} {what} must be 0 (none) or a width between 2 and {MAX_WIDTH}, got 1: a "
+                         f"convolution over one token sees no other")
+    return int(width)
 
 
 def _as_given(value):
