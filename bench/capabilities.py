@@ -43,9 +43,11 @@ DATA = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[2] / "sh
 # history instead of its sines (attention_options positions alibi, pos_dim 0); "name:conv" below
 MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "quiet-gpt-tiny", "micro-gpt-tiny",
           "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny", "hybrid-micro-gpt-tiny",
-          "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv")
+          "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv",
+          "hybrid-elita-gpt-tiny:conv1")
 # "name:conv": the model with a short causal convolution of this width at the start of every block
-# (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones)
+# (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones);
+# "name:conv1": in the first block only (hybrid-elita-conv1-gpt-tiny's form: decoding pays for one)
 CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
@@ -121,6 +123,8 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
         size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
     elif positions == "conv":  # a short convolution at the start of every block (Based's local mixing)
         size = {**size, "short_conv": CONV_WIDTH}
+    elif positions == "conv1":
+        size = {**size, "short_conv": [CONV_WIDTH] + [0] * (size["depth"] - 1)}
     else:
         size = {**size, "pos_embed": positions} if positions else dict(size)
     if name in MIXES:  # registered with 4 blocks; here at the suite's depth

@@ -7,8 +7,9 @@ after a long context (issue 25), in one run.
 Each model is its registered tiny size with room for the longest context (context_length raised). A context
 of random tokens is prefilled in one call; then 16 one-token steps are timed, from a copy of the state with
 room for them (bench/decode.py's `with_room`: a KV cache between doublings), in rounds that take the models
-in turns, so that drift hits all alike. The state's size is the bytes of every tensor it holds. The ratio
-is gpt-tiny's time (the baseline, measured in the same run) over the model's: above 1 is faster.
+in turns, so that drift hits all alike, under torch.inference_mode (as `generate` runs). The state's size
+is the bytes of every tensor it holds. The ratio is gpt-tiny's time (the baseline, measured in the same run)
+over the model's: above 1 is faster.
 Results go to bench/results/hybrid_decode.json.
 """
 
@@ -31,7 +32,7 @@ BASELINE = "gpt-tiny"
 # incontext-gpt-tiny is left out: it keeps a KV cache as softmax does, and its prefill builds an L x L bias
 # (4 GiB a block at 16k tokens)
 MODELS = [BASELINE, "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny",
-          "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny"]
+          "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny", "hybrid-elita-conv1-gpt-tiny"]
 CONTEXTS = [256, 1024, 4096, 16384]
 ROUNDS = 5
 
@@ -66,7 +67,7 @@ def main():
     torch.manual_seed(0)
     models = {name: zoo.create(name, context_length=max(contexts) + STEPS + 1).eval() for name in MODELS}
     rows = []
-    with torch.no_grad():
+    with torch.inference_mode():  # as generate runs
         for n in contexts:
             ids = torch.randint(0, 65, (1, n))
             tokens = torch.randint(0, 65, (1, STEPS))

@@ -108,9 +108,10 @@ GROUPS = (
           notes="the outlier study's positive controls, on vit-tiny's recipe"),
     Group("shakespeare-hybrids", "shakespeare", ("hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny",
                                                  "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny",
-                                                 "incontext-gpt-tiny"), (0, 1, 2), "val/loss", False, data="text",
-          extra=TRACK_OUTLIERS, notes="issue 25: one softmax block among linear ones (with and without short "
-          "convolutions), and the in-context bias; the shakespeare group's recipe"),
+                                                 "hybrid-elita-conv1-gpt-tiny", "incontext-gpt-tiny"), (0, 1, 2),
+          "val/loss", False, data="text", extra=TRACK_OUTLIERS, notes="issue 25: one softmax block among linear "
+          "ones (with short convolutions in every block, in the first only, or none), and the in-context bias; "
+          "the shakespeare group's recipe"),
     Group("mnist-hybrids", "mnist", ("hybrid-micro-vit-tiny", "incontext-vit-tiny"), (0,), "test/acc", True, 0.99,
           "val/acc", notes="issue 25: the image hybrid and the in-context bias on the MNIST recipe; one seed so far"),
 )

@@ -14,6 +14,7 @@ if [ ${#recipes[@]} -eq 0 ]; then
            gpt-tiny.shakespeare quiet-gpt-tiny.shakespeare micro-gpt-tiny.shakespeare elita-gpt-tiny.shakespeare
            incontext-gpt-tiny.shakespeare hybrid-micro-gpt-tiny.shakespeare hybrid-elita-gpt-tiny.shakespeare
            hybrid-micro-conv-gpt-tiny.shakespeare hybrid-elita-conv-gpt-tiny.shakespeare
+           hybrid-elita-conv1-gpt-tiny.shakespeare
            hybrid-micro-vit-tiny.mnist incontext-vit-tiny.mnist
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion

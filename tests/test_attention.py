@@ -346,6 +346,21 @@ def test_elita_alibi_is_the_equation_with_a_history_fading_by_distance(route, po
         make("elita", positions="rope")
 
 
+@pytest.mark.parametrize("options", [{}, {"positions": "alibi", "pos_dim": 0}])
+def test_elita_one_token_steps_match_the_float64_equation(options):
+    """A one-token step takes its own route (the running mean's update written out, not the scan kernel): token
+    by token from the start, in float64, it gives the term-by-term equation."""
+    torch.manual_seed(0)
+    layer = make("elita", **options).double()
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    state, steps = None, []
+    for i in range(24):
+        y, state = layer.step(x[:, i : i + 1], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), ref.elita_attention(layer, x), atol=1e-10, rtol=1e-10)
+    assert state.position == 24
+
+
 # ---- masks ------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "incontext-gpt-tiny.shakespeare", "hybrid-micro-gpt-tiny.shakespeare", "hybrid-elita-gpt-tiny.shakespeare",
            "hybrid-micro-vit-tiny.mnist", "incontext-vit-tiny.mnist",
            "hybrid-micro-conv-gpt-tiny.shakespeare", "hybrid-elita-conv-gpt-tiny.shakespeare",
+           "hybrid-elita-conv1-gpt-tiny.shakespeare",
            # issue 24: long context (2,048 characters of War and Peace); elita also without its sine positions
            # and with ALiBi's fading history instead
            "gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",

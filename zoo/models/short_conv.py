@@ -67,10 +67,13 @@ class ShortConv(nn.Module):
         if tail is None:
             tail = h.new_zeros(want)
         h = torch.cat([tail.to(h), h], dim=1)  # (batch, width - 1 + length, dim)
-        # The convolution as a sum of w shifted products, not F.conv1d: the same numbers, as fast at training
-        # lengths, and a one-token decoding step took 32 microseconds against conv1d's 75 (timed here, 1 thread)
         n, taps = x.shape[1], self.conv.weight[:, 0]  # taps (dim, width): the last multiplies the token itself
-        mixed = self.conv.bias + h[:, :n] * taps[:, 0]
-        for k in range(1, self.width):
-            mixed = mixed + h[:, k:k + n] * taps[:, k]  # position t sees t - w + 1 + k
+        if n == 1:  # a decoding step: the window times the taps at once (timed, 1 thread: 7 us against 25 below)
+            mixed = torch.linalg.vecdot(h.unsqueeze(1).transpose(-1, -2), taps) + self.conv.bias
+        else:
+            # w shifted products, not F.conv1d: the same numbers, as fast at training lengths; unfolding the
+            # windows would be as fast as one step here but 2-3x slower to train (it materializes each window)
+            mixed = self.conv.bias + h[:, :n] * taps[:, 0]
+            for k in range(1, self.width):
+                mixed = mixed + h[:, k:k + n] * taps[:, k]  # position t sees t - w + 1 + k
         return x + zero_padding(mixed, key_padding_mask), h[:, h.shape[1] - (self.width - 1):].clone()

@@ -353,33 +353,38 @@ class TextTransformer(Releasable, nn.Module):
             device = self.head.weight.device
             idx, mask = idx.to(device), (None if bool(mask.all()) else mask.to(device))
         generator = torch.Generator(device=idx.device).manual_seed(seed) if seed is not None else None
-        # Learned positions end at context_length: past it, the window slides and the last
-        # context_length tokens are recomputed each step (as nanoGPT does); the others stream on.
-        window = self.context_length if self.pos_kind == "learned" else None
-        prefill = slice(-window, None) if window else slice(None)
-        logits, states = self.forward_step(idx[:, prefill], key_padding_mask=None if mask is None else mask[:, prefill])
-        logits, out = logits[:, -1], [idx]
-        if not bool(torch.isfinite(logits).all()):  # once, before the loop: sampling NaN fails or picks blindly
-            raise ValueError(f"{type(self).__name__} produced non-finite logits (inf or NaN) for the prompt: "
-                             "its weights are likely too large (a diverged or damaged model)")
-        column = min(idx.shape[1], window or idx.shape[1])  # tokens the states hold, padding included
-        first = None if mask is None else mask[:, prefill].long().argmax(1, keepdim=True)  # each row's first real
-        generated, ends = [[] for _ in range(idx.shape[0])], [None] * idx.shape[0]
-        for _ in range(max_new_tokens):
-            nxt = sample(logits, temperature, top_k, top_p, generator)
-            out.append(nxt)
-            if stop_ids or stop_texts:
-                self._note_stops(nxt[:, 0].tolist(), generated, ends, stop_ids, stop_texts)
-                if all(end is not None for end in ends):
-                    break
-            if window and column >= window:
-                recent = torch.cat(out, dim=1)[:, -window:]
-                recent_mask = None if mask is None else F.pad(mask, (0, len(out) - 1), value=True)[:, -window:]
-                logits, states = self.forward_step(recent, key_padding_mask=recent_mask)
-            else:
-                logits, states = self.forward_step(nxt, states, column if first is None else column - first)
-                column += 1
-            logits = logits[:, -1]
+        # inference_mode, not only no_grad: it also skips autograd's version counting, which a decoding step of a
+        # tiny model spends about 10% of its time on (bench/hybrid_decode.py); the result is concatenated outside
+        # it, so that what a user gets back is an ordinary tensor (one they may train on or write into)
+        with torch.inference_mode():
+            # Learned positions end at context_length: past it, the window slides and the last
+            # context_length tokens are recomputed each step (as nanoGPT does); the others stream on.
+            window = self.context_length if self.pos_kind == "learned" else None
+            prefill = slice(-window, None) if window else slice(None)
+            logits, states = self.forward_step(idx[:, prefill],
+                                               key_padding_mask=None if mask is None else mask[:, prefill])
+            logits, out = logits[:, -1], [idx]
+            if not bool(torch.isfinite(logits).all()):  # once, before the loop: sampling NaN fails or picks blindly
+                raise ValueError(f"{type(self).__name__} produced non-finite logits (inf or NaN) for the prompt: "
+                                 "its weights are likely too large (a diverged or damaged model)")
+            column = min(idx.shape[1], window or idx.shape[1])  # tokens the states hold, padding included
+            first = None if mask is None else mask[:, prefill].long().argmax(1, keepdim=True)  # each row's first real
+            generated, ends = [[] for _ in range(idx.shape[0])], [None] * idx.shape[0]
+            for _ in range(max_new_tokens):
+                nxt = sample(logits, temperature, top_k, top_p, generator)
+                out.append(nxt)
+                if stop_ids or stop_texts:
+                    self._note_stops(nxt[:, 0].tolist(), generated, ends, stop_ids, stop_texts)
+                    if all(end is not None for end in ends):
+                        break
+                if window and column >= window:
+                    recent = torch.cat(out, dim=1)[:, -window:]
+                    recent_mask = None if mask is None else F.pad(mask, (0, len(out) - 1), value=True)[:, -window:]
+                    logits, states = self.forward_step(recent, key_padding_mask=recent_mask)
+                else:
+                    logits, states = self.forward_step(nxt, states, column if first is None else column - first)
+                    column += 1
+                logits = logits[:, -1]
         return self._results(kind, prompts, torch.cat(out, dim=1), idx.shape[1], ends, stop_texts)
 
     def _stops(self, stop) -> tuple[set[int], list[str]]:
@@ -570,4 +575,11 @@ register("hybrid-micro-conv-gpt-tiny", "text", TextTransformer, default_tag=DEFA
          pos_embed="none", mlp="mlp", short_conv=4, **TINY)
 register("hybrid-elita-conv-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
          pos_embed="none", mlp="ffn2", short_conv=4, **TINY)
+# The ELiTA hybrid with its convolution in the first block only: the key reaches the value there once, and the
+# softmax block reads it; a decoding step then pays for one convolution instead of four, which is what takes it
+# past 3x gpt-tiny's speed at 16k tokens (python bench/hybrid_decode.py). MQAR at the suite's settings
+# (its convolution on the linear block only): python bench/capabilities.py --only 'mqar/*' --models
+# hybrid-elita-gpt-tiny:conv1.
+register("hybrid-elita-conv1-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
+         pos_embed="none", mlp="ffn2", short_conv=[4] + [0] * (TINY["depth"] - 1), **TINY)
 register("incontext-gpt-tiny", "text", TextTransformer, attention="incontext", pos_embed="none", **TINY)
