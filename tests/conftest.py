@@ -21,17 +21,19 @@ def data_root() -> Path | None:
     return root.resolve() if root.is_dir() else None
 
 
+def onnx_program(folder: Path, name: str):
+    """The graph `name`.onnx of an ONNX export folder as a callable on tensors, through ONNX Runtime."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(folder / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+
+    def run(*inputs):
+        feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+        return [torch.as_tensor(o) for o in session.run(None, feed)]
+    return run
+
+
 def onnx_decoding(folder: Path):
     """The exported prefill.onnx and step.onnx of a release folder as callables on tensors, through ONNX Runtime
     (for zoo.models.decoding.greedy)."""
-    import onnxruntime as ort
-
-    def program(name):
-        session = ort.InferenceSession(str(folder / f"{name}.onnx"), providers=["CPUExecutionProvider"])
-
-        def run(*inputs):
-            feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
-            return [torch.as_tensor(o) for o in session.run(None, feed)]
-        return run
-
-    return program("prefill"), program("step")
+    return onnx_program(folder, "prefill"), onnx_program(folder, "step")

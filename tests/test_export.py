@@ -22,6 +22,8 @@ import zoo
 from zoo.attention import native
 from zoo.models import decoding
 
+from .conftest import onnx_decoding
+
 NAMES = zoo.list_models()
 CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.models.registry.pretrained_tags(n)]
 TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.models.registry.entry(c.split(".")[0]).family == "text"]
@@ -186,20 +188,7 @@ def zoo_export(*args) -> str:
 
 
 def ort_greedy(folder, prompt, max_new_tokens, window):
-    import onnxruntime as ort
-
-    sessions = {n: ort.InferenceSession(str(folder / f"{n}.onnx"), providers=["CPUExecutionProvider"])
-                for n in ("prefill", "step")}
-
-    def program(name):
-        session = sessions[name]
-
-        def run(*inputs):
-            feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
-            return [torch.as_tensor(o) for o in session.run(None, feed)]
-        return run
-
-    return decoding.greedy(program("prefill"), program("step"), prompt, max_new_tokens, window)
+    return decoding.greedy(*onnx_decoding(folder), prompt, max_new_tokens, window)
 
 
 def check_onnx_folder(name, folder):

@@ -366,10 +366,12 @@ def test_onnx_logits_and_decoding_with_rope_and_alibi(positions, tmp_path):
     """The ONNX folder of a rope or alibi model: its logits at a length the export never traced (beyond the
     context: relative positions have no table to end), and greedy decoding through the exported prefill and
     step programs equal to the slow reference, one full forward pass per new token."""
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     import zoo
     from zoo.models import decoding
     from zoo.release.onnx import export_onnx
+
+    from .conftest import onnx_decoding, onnx_program
 
     torch.manual_seed(0)
     model = zoo.create("gpt-tiny", pos_embed=positions, vocab_size=40, context_length=32, embed_dim=32, depth=2,
@@ -378,20 +380,11 @@ def test_onnx_logits_and_decoding_with_rope_and_alibi(positions, tmp_path):
         model.tok_embed.weight.mul_(20)  # logits far apart: greedy choices not decided by rounding
     folder, diffs = export_onnx(model, tmp_path / "out")
     assert all(d <= 1e-4 for d in diffs.values())
-    sessions = {n: ort.InferenceSession(str(folder / f"{n}.onnx"), providers=["CPUExecutionProvider"])
-                for n in ("model", "prefill", "step")}
-
-    def program(name):
-        def run(*inputs):
-            feed = {i.name: t.numpy() for i, t in zip(sessions[name].get_inputs(), inputs)}
-            return [torch.as_tensor(o) for o in sessions[name].run(None, feed)]
-        return run
-
     x = torch.randint(0, 40, (3, 77))
     with torch.no_grad():
-        torch.testing.assert_close(program("model")(x)[0], model(x), atol=1e-4, rtol=0)
+        torch.testing.assert_close(onnx_program(folder, "model")(x)[0], model(x), atol=1e-4, rtol=0)
     prompt = torch.tensor([[5, 17, 3, 9], [7, 1, 2, 30]])
-    got = decoding.greedy(program("prefill"), program("step"), prompt, 40)  # past the context of 32
+    got = decoding.greedy(*onnx_decoding(folder), prompt, 40)  # past the context of 32
     with torch.no_grad():
         for row, ids in zip(got.tolist(), prompt.tolist()):
             for _ in range(40):
