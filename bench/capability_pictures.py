@@ -1,19 +1,24 @@
-"""Where a query's attention goes on MQAR, in a model that recalls and in ones that do not (issue 24).
+"""Where a query's attention goes on MQAR or induction heads, in models that succeed and in ones that do not
+(issue 24).
 
-    python bench/capability_pictures.py            # trains the models it lacks, then measures and draws
+    python bench/capability_pictures.py            # MQAR: trains the models it lacks, then measures and draws
+    python bench/capability_pictures.py --task induction_heads
     python bench/capability_pictures.py --table    # the table from bench/results/capability_pictures.json
 
-Each model is trained on MQAR exactly as bench/capabilities.py trains it (its key mqar/MODEL/0: the same
+Each model is trained on the task exactly as bench/capabilities.py trains it (its key TASK/MODEL/0: the same
 data, budget and seed) and kept as a release folder under bench/runs/capabilities/. Test sequences then go
-through zoo.viz.capture. A query at position q repeats the key of pair p; the answer, p's value, sits at
-position 2p + 1. "On the answer" is the weight a query's row puts on that position (mean over queries,
-per layer and head); spreading a row evenly over what it sees would put 1 / (q + 1) there ("even").
+through zoo.viz.capture. MQAR: a query at position q repeats the key of pair p; the answer, p's value, sits at
+position 2p + 1. Induction heads: the token at q appeared once before, at p, and the answer is the token
+that followed it, at p + 1. "On the answer" is the weight a query's row puts on that position (mean over
+queries, per layer and head); spreading a row evenly over what it sees would put 1 / (q + 1) there ("even").
+"On itself" is the weight on the query's own token: for elita the gate g_i on V x_i, the rest of its output
+being its running mean of earlier tokens.
 For micro the row is the weight of each token in the mean that the query subtracts; for elita, the convex
 mix of the token itself and its running mean (zoo.viz.capture says what each mechanism gives).
 
-Writes docs/images/mqar_attention.png (each model's last layer on one test sequence, one panel per head),
-docs/images/mqar_on_answer.png (the best head's weight on the answer, per layer and model) and
-bench/results/capability_pictures.json.
+Writes docs/images/TASK_attention.png (each model's last layer on one test sequence, one panel per head),
+docs/images/TASK_on_answer.png (the best head's weight on the answer, per layer and model) and
+bench/results/capability_pictures.json (MQAR) or capability_pictures_TASK.json.
 """
 
 from __future__ import annotations
@@ -35,8 +40,19 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = RESULTS / "capability_pictures.json"
 KEPT = ROOT / "bench" / "runs" / "capabilities"
 IMAGES = ROOT / "docs" / "images"
-MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny:conv")
+# per task: models that succeed beside ones that fail (bench/capabilities.py's names)
+MODELS = {"mqar": ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny",
+                   "hybrid-elita-gpt-tiny:conv"),
+          "induction_heads": ("gpt-tiny:rope", "elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv",
+                              "hybrid-elita-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv1")}
+TITLES = {"mqar": "MQAR: last layer, query rows against key columns (answers at columns 1, 3, 5, 7)",
+          "induction_heads": "induction heads: last layer, query rows against key columns (an induction head is the "
+                             "stripe below the diagonal: each query on the token after its first occurrence)"}
 SEQUENCES = 100  # test sequences measured
+
+
+def output(task: str) -> Path:
+    return OUT if task == "mqar" else RESULTS / f"capability_pictures_{task}.json"
 
 
 def answers(x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> list[tuple[int, int, int]]:
@@ -49,13 +65,23 @@ def answers(x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> list[tuple[int,
     return found
 
 
+def induction_answers(x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(sequence, query position, answer position) for every scored token of induction heads: the token at q
+    appeared once before, at p, and the answer is the token that followed it, at p + 1."""
+    found = []
+    for b, q in (y != -100).nonzero().tolist():
+        earlier = (x[b, :q] == x[b, q]).nonzero()
+        found.append((b, q, int(earlier[0, 0]) + 1))
+    return found
+
+
 def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) -> tuple[torch.Tensor, float]:
     """The mean weight on the answer per layer and head (layers, heads), and the even spread's 1 / (q + 1)."""
     per_query = torch.stack([torch.stack([w[b, :, q, a] for w in weights]) for b, q, a in where])
     return per_query.mean(0), sum(1 / (q + 1) for _, q, _ in where) / len(where)
 
 
-def measure(folder: Path, data) -> tuple[dict, torch.Tensor]:
+def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]:
     import zoo
     from zoo.viz import capture
 
@@ -64,47 +90,54 @@ def measure(folder: Path, data) -> tuple[dict, torch.Tensor]:
     with capture(model) as maps, torch.no_grad():
         logits = model(x)
     weights = [m.weights.float() for m in maps]
-    where = answers(x, y, data.num_pairs)
+    where = answers(x, y, data.num_pairs) if task == "mqar" else induction_answers(x, y)
     weight, even = on_answer(weights, where)
+    itself, _ = on_answer(weights, [(b, q, q) for b, q, _ in where])
     scored = y != -100
     accuracy = float((logits.argmax(-1)[scored] == y[scored]).float().mean())
     record = {"accuracy": round(accuracy, 4), "queries": len(where), "even": round(even, 4),
               "on_answer": [[round(float(v), 4) for v in layer] for layer in weight],
+              "on_itself": [[round(float(v), 4) for v in layer] for layer in itself],
               "attention": [m.kind for m in maps]}
     return record, weights[-1][0]  # the last layer's heads on the first sequence
 
 
-def draw(records: dict, last: dict) -> None:
+def draw(records: dict, last: dict, task: str = "mqar") -> None:
     from zoo.viz import figures
 
     IMAGES.mkdir(parents=True, exist_ok=True)
     maps = torch.cat([last[m] for m in records])
     labels = [f"{m}\nhead {h} ({records[m]['accuracy']:.0%})" for m in records for h in range(len(last[m]))]
-    figure = figures.heatmaps_figure(maps, labels, title="MQAR: last layer, query rows against key columns "
-                                                         "(answers at columns 1, 3, 5, 7)")
-    figure.savefig(IMAGES / "mqar_attention.png", dpi=110, bbox_inches="tight")
+    figure = figures.heatmaps_figure(maps, labels, title=TITLES[task])
+    figure.savefig(IMAGES / f"{task}_attention.png", dpi=110, bbox_inches="tight")
     layers = max(len(r["on_answer"]) for r in records.values())
     series = {f"layer {i}": [max(r["on_answer"][i]) if i < len(r["on_answer"]) else 0 for r in records.values()]
               for i in range(layers)}
     series["even spread"] = [r["even"] for r in records.values()]
     figure = figures.bars_figure(list(records), series, "weight on the answer (best head)",
-                                 "MQAR: how much of a query's row lands on the value it must recall")
-    figure.savefig(IMAGES / "mqar_on_answer.png", dpi=110, bbox_inches="tight")
+                                 f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
+                                 "lands on the token it must recall")
+    figure.savefig(IMAGES / f"{task}_on_answer.png", dpi=110, bbox_inches="tight")
 
 
-def table(results: dict) -> None:
+def table(results: dict, task: str = "mqar") -> None:
     rows = [{"model": m, "accuracy": r["accuracy"], "even": r["even"],
-             **{f"layer {i} best head": max(v) for i, v in enumerate(r["on_answer"])}}
+             **{f"layer {i} best head": max(v) for i, v in enumerate(r["on_answer"])},
+             **{f"layer {i} on itself": round(sum(v) / len(v), 4) for i, v in enumerate(r.get("on_itself", []))}}
             for m, r in results["models"].items()]
-    print_table("MQAR: weight a query puts on its answer (mean over queries)", rows, list(rows[0]))
+    print_table(f"{task}: weight a query puts on its answer (mean over queries)", rows, list(rows[0]))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--task", default="mqar", choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=None, help="bench/capabilities.py's names (default: the "
+                                                                   "task's pair of successes and failures)")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
+    task = args.task
+    args.models = args.models or list(MODELS[task])
     unknown = [m for m in args.models if m not in capabilities.MODELS]
     if unknown:
         raise SystemExit(f"bench/capability_pictures.py: error: unknown model {unknown[0]!r}; choose from "
@@ -113,17 +146,18 @@ def main(argv=None):
         torch.set_num_threads(1)
         records, last = {}, {}
         for model in args.models:
-            folder = KEPT / f"mqar-{model.replace(':', '-')}-0"  # (no colon in a folder name)
+            folder = KEPT / f"{task}-{model.replace(':', '-')}-0"  # (no colon in a folder name)
             if not (folder / "config.json").is_file():
-                print(f"training mqar/{model}/0 ...", flush=True)
-                capabilities.run_one("mqar", model, 0, tiny=False, keep=folder)
-            data = capabilities.build_data("mqar", capabilities.TASKS["mqar"], 64, 0, tiny=False, full_lengths=False)
+                print(f"training {task}/{model}/0 ...", flush=True)
+                capabilities.run_one(task, model, 0, tiny=False, keep=folder)
+            data = capabilities.build_data(task, capabilities.TASKS[task], 64, 0, tiny=False, full_lengths=False)
             data.setup("test")
-            records[model], last[model] = measure(folder, data)
-        draw(records, last)
-        write_text_atomic(OUT, json.dumps({"models": records, "command": "python bench/capability_pictures.py",
-                                           "machine": machine()}, indent=2))
-    table(json.loads(OUT.read_text()))
+            records[model], last[model] = measure(folder, data, task)
+        draw(records, last, task)
+        command = "python bench/capability_pictures.py" + ("" if task == "mqar" else f" --task {task}")
+        write_text_atomic(output(task), json.dumps({"models": records, "command": command, "machine": machine()},
+                                                   indent=2))
+    table(json.loads(output(task).read_text()), task)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
-"""Where should a hybrid's one softmax block go? MQAR recall of a 4-block model with the softmax block at each
-position, among micro or elita blocks, beside the pure models, at one budget (issue 25).
+"""Where should a hybrid's one softmax block go? Accuracy of a model with the softmax block at each position,
+among micro or elita blocks, beside the pure models, at one budget (issue 25).
 
     python bench/hybrid_placement.py --depth 2 --steps 2000 --no-pure   # micro: the softmax block first or last
     python bench/hybrid_placement.py --no-pure                          # micro: 4 placements among 4 blocks
     python bench/hybrid_placement.py --linear elita                     # among elita blocks, with the pure models
+    python bench/hybrid_placement.py --task induction_heads --conv 4 --depth 2 --steps 2000 \
+        --linear micro elita elita:nosines elita:fading                 # why the ELiTA hybrid fails induction
     python bench/hybrid_placement.py --table    # the table from bench/results/hybrid_placement.json
 
-Every run trains width 64 (4 blocks, or --depth), 2 heads, with bench/capabilities.py's calibrated recipe (an untied
-output layer, unit-variance token embeddings, AdamW at 1e-3, 100 warm-up steps, cosine decay) on MQAR
-with 4 pairs at length 64, then reports accuracy on the fixed test set. Each finished run is written to
-bench/results/hybrid_placement.json at once; finished runs are skipped when the script starts again.
+Every run trains width 64 (4 blocks, or --depth), 2 heads, with bench/capabilities.py's calibrated recipe (an
+untied output layer, unit-variance token embeddings, AdamW at 1e-3, 100 warm-up steps, cosine decay) on one of
+its tasks (--task: MQAR with 4 pairs at length 64 by default), then reports accuracy on the task's fixed test
+set at the training length. --conv W gives every block a short causal convolution of width W (TextTransformer's
+short_conv); the models then have no position embedding, the pure softmax one included (the convolutions carry
+order). A linear name may carry ELiTA's options: "elita:nosines" (pos_dim 0) or "elita:fading" (ALiBi's fading
+history instead of the sines). Each finished run is written to bench/results/hybrid_placement.json at once;
+finished runs are skipped when the script starts again.
 """
 
 from __future__ import annotations
@@ -26,15 +32,38 @@ from bench.capabilities import BUDGET, SIZE, TASKS, add_record, build_data, load
 from bench.common import RESULTS, print_table  # noqa: E402
 
 OUT = RESULTS / "hybrid_placement.json"
-def mixes(linears: list[str], depth: int, pure: bool) -> dict[str, list[str]]:
-    runs = {f"d{depth}/{name}": [name] * depth for name in ("softmax", *linears)} if pure else {}
+# ELiTA's variants by name: its options for the linear blocks (attention_options)
+VARIANTS = {"elita:nosines": {"pos_dim": 0}, "elita:fading": {"positions": "alibi", "pos_dim": 0}}
+
+
+def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: int = 0) -> dict[str, list[str]]:
+    """Run name -> the blocks' attentions (names as given, variants included). MQAR without convolutions keeps
+    the names it always had (d4/micro+softmax@3); other runs add the task before and the convolution after."""
+    prefix = "" if task == "mqar" else f"{task}/"
+    suffix = f"+conv{conv}" if conv else ""
+    runs = {f"{prefix}d{depth}/{name}{suffix}": [name] * depth for name in ("softmax", *linears)} if pure else {}
     for linear in linears:
         for index in range(depth):
-            runs[f"d{depth}/{linear}+softmax@{index}"] = [linear if i != index else "softmax" for i in range(depth)]
+            runs[f"{prefix}d{depth}/{linear}+softmax@{index}{suffix}"] = [
+                linear if i != index else "softmax" for i in range(depth)]
     return runs
 
 
-def run_one(attention: list[str], steps: int, seed: int = 0) -> dict:
+def model_size(blocks: list[str], conv: int = 0) -> dict:
+    """The TextTransformer arguments for these blocks: the suite's size, each block's attention and options."""
+    attention = [name.partition(":")[0] for name in blocks]
+    size = {**SIZE, "depth": len(blocks), "attention": attention}
+    if any(name in VARIANTS for name in blocks):
+        size["attention_options"] = [VARIANTS.get(name, {}) for name in blocks]
+    # pos_embed none: micro, elita and the convolutions carry order; the pure softmax model without
+    # convolutions gets learned positions, as gpt-tiny
+    size["pos_embed"] = "learned" if set(attention) == {"softmax"} and not conv else "none"
+    if conv:
+        size["short_conv"] = conv
+    return size
+
+
+def run_one(blocks: list[str], steps: int, seed: int = 0, task: str = "mqar", conv: int = 0) -> dict:
     import time
 
     import lightning as L
@@ -42,12 +71,8 @@ def run_one(attention: list[str], steps: int, seed: int = 0) -> dict:
     from zoo.training.sequence import SequenceTask
 
     L.seed_everything(seed, verbose=False)
-    _, spec = TASKS["mqar"]
-    spec = {key: value for key, value in spec.items() if key != "test_lengths"}
-    data = build_data("mqar", ("MQAR", spec), BUDGET["batch_size"], seed, tiny=False, full_lengths=False)
-    # pos_embed none: micro and elita carry order; the pure softmax model gets learned positions, as gpt-tiny
-    size = {**SIZE, "depth": len(attention), "attention": attention,
-            "pos_embed": "learned" if set(attention) == {"softmax"} else "none"}
+    data = build_data(task, TASKS[task], BUDGET["batch_size"], seed, tiny=False, full_lengths=False)
+    size = model_size(blocks, conv)
     module = SequenceTask("gpt-tiny", size, data.data_info, lr=BUDGET["lr"], warmup_steps=BUDGET["warmup_steps"],
                           weight_decay=BUDGET["weight_decay"])
     trainer = L.Trainer(max_steps=steps, max_epochs=-1, limit_val_batches=0, logger=False, enable_checkpointing=False,
@@ -55,7 +80,7 @@ def run_one(attention: list[str], steps: int, seed: int = 0) -> dict:
     start = time.perf_counter()
     trainer.fit(module, data)
     data.setup("test")
-    return {"attention": attention, "seed": seed, "steps": steps, "size": size, "data": data.describe(),
+    return {"attention": blocks, "task": task, "seed": seed, "steps": steps, "size": size, "data": data.describe(),
             "train_seconds": round(time.perf_counter() - start, 1), "metrics": module.evaluate(data.test_dataloader())}
 
 
@@ -63,25 +88,33 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--only", default=None, help="one run's name, e.g. micro+softmax@2")
-    parser.add_argument("--linear", nargs="+", default=["micro"], help="the linear-time mechanisms to mix (micro)")
+    parser.add_argument("--linear", nargs="+", default=["micro"],
+                        help=f"the linear-time mechanisms to mix: micro, elita or {', '.join(VARIANTS)} (micro)")
     parser.add_argument("--depth", type=int, default=4, help="blocks (default 4, the registered hybrids')")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps per run (default 3000)")
+    parser.add_argument("--task", default="mqar", choices=["mqar", "induction_heads", "selective_copying"],
+                        help="the capability task to train and test on (default mqar)")
+    parser.add_argument("--conv", type=int, default=0, help="a short convolution this wide in every block (0: none)")
     parser.add_argument("--no-pure", action="store_true", help="skip the pure models (the capability suite has them)")
     args = parser.parse_args(argv)
+    unknown = [name for name in args.linear if name not in ("micro", "elita", *VARIANTS)]
+    if unknown:
+        parser.error(f"--linear takes micro, elita or {', '.join(VARIANTS)}, got {unknown[0]!r}")
     if not args.table:
         torch.set_num_threads(1)
-        for name, attention in mixes(args.linear, args.depth, not args.no_pure).items():
+        for name, blocks in mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv).items():
             if (args.only and name != args.only) or name in load(OUT)["runs"]:
                 continue
             print(f"{name} ...", flush=True)
-            add_record(OUT, name, run_one(attention, args.steps), "python bench/hybrid_placement.py")
+            add_record(OUT, name, run_one(blocks, args.steps, task=args.task, conv=args.conv),
+                       "python bench/hybrid_placement.py")
     runs = load(OUT)["runs"]
-    rows = [{"model": name, "blocks": " ".join(r["attention"]), "steps": r["steps"],
-             "MQAR test acc": r["metrics"].get("test/accuracy"), "train s": r["train_seconds"]}
+    rows = [{"model": name, "task": r.get("task", "mqar"), "blocks": " ".join(r["attention"]),
+             "conv": r["size"].get("short_conv", 0), "steps": r["steps"],
+             "test acc": r["metrics"].get("test/accuracy"), "train s": r["train_seconds"]}
             for name, r in sorted(runs.items())]
-    print_table("MQAR accuracy by the place of the softmax block (1 thread)", rows,
-                ["model", "blocks", "steps", "MQAR test acc", "train s"])
-
+    print_table("accuracy by the place of the softmax block (1 thread)", rows,
+                ["model", "task", "blocks", "conv", "steps", "test acc", "train s"])
 
 if __name__ == "__main__":
     main()

@@ -491,6 +491,39 @@ def test_capability_pictures_find_each_querys_answer_and_its_weight():
     assert even == pytest.approx((1 / 7 + 1 / 9) / 2)
 
 
+def test_capability_pictures_find_each_induction_answer_and_the_weight_on_itself():
+    from bench.capability_pictures import induction_answers, on_answer
+
+    a, b, c, n1, n2 = 7, 8, 9, 1, 2  # noise, then the segment a b c, then its second copy
+    x = torch.tensor([[n1, n2, a, b, c, a, b, c]])
+    y = torch.full_like(x, IGNORE)
+    y[0, 5], y[0, 6] = b, c  # at the second a the answer is b (position 3), at the second b it is c (4)
+    where = induction_answers(x, y)
+    assert where == [(0, 5, 3), (0, 6, 4)]
+    weights = torch.zeros(1, 1, 8, 8)
+    weights[0, 0, 5, 3], weights[0, 0, 6, 6] = 1.0, 0.5
+    assert on_answer([weights], where)[0].tolist() == [[0.5]]
+    itself = [(s, q, q) for s, q, _ in where]
+    assert on_answer([weights], itself)[0].tolist() == [[0.25]]
+
+
+def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
+    from bench.hybrid_placement import mixes, model_size
+
+    # MQAR without convolutions keeps the names of the runs already recorded
+    assert mixes(["micro"], 2, pure=False) == {"d2/micro+softmax@0": ["softmax", "micro"],
+                                               "d2/micro+softmax@1": ["micro", "softmax"]}
+    runs = mixes(["elita:fading"], 2, pure=True, task="induction_heads", conv=4)
+    assert runs["induction_heads/d2/softmax+conv4"] == ["softmax", "softmax"]
+    assert runs["induction_heads/d2/elita:fading+softmax@1+conv4"] == ["elita:fading", "softmax"]
+    size = model_size(["elita:fading", "softmax"], conv=4)
+    assert size["attention"] == ["elita", "softmax"] and size["short_conv"] == 4 and size["pos_embed"] == "none"
+    assert size["attention_options"] == [{"positions": "alibi", "pos_dim": 0}, {}]
+    assert model_size(["softmax", "softmax"])["pos_embed"] == "learned"  # gpt-tiny's, without convolutions
+    model = SequenceTask("gpt-tiny", size, MQAR(vocab_size=32, sequence_length=16, num_pairs=2).data_info).model
+    assert model.blocks[0].attn.positions == "alibi" and model.blocks[1].short_conv.width == 4
+
+
 def test_ngram_references_of_the_long_context_bench_by_hand():
     from bench.long_context import ngram_loss
 
