@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from bench.capabilities import BUDGET, SIZE, TASKS, add_record, build_data, load  # noqa: E402
 from bench.common import RESULTS, print_table  # noqa: E402
+from zoo.models.short_conv import MAX_WIDTH  # noqa: E402
 
 OUT = RESULTS / "hybrid_placement.json"
 # ELiTA's variants by name: its options for the linear blocks (attention_options)
@@ -87,7 +88,7 @@ def run_one(blocks: list[str], steps: int, seed: int = 0, task: str = "mqar", co
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true")
-    parser.add_argument("--only", default=None, help="one run's name, e.g. micro+softmax@2")
+    parser.add_argument("--only", default=None, help="one run's name, e.g. d4/micro+softmax@2")
     parser.add_argument("--linear", nargs="+", default=["micro"],
                         help=f"the linear-time mechanisms to mix: micro, elita or {', '.join(VARIANTS)} (micro)")
     parser.add_argument("--depth", type=int, default=4, help="blocks (default 4, the registered hybrids')")
@@ -100,9 +101,17 @@ def main(argv=None):
     unknown = [name for name in args.linear if name not in ("micro", "elita", *VARIANTS)]
     if unknown:
         parser.error(f"--linear takes micro, elita or {', '.join(VARIANTS)}, got {unknown[0]!r}")
+    if args.conv != 0 and not 2 <= args.conv <= MAX_WIDTH:
+        parser.error(f"--conv takes 0 (none) or a width from 2 to {MAX_WIDTH}, got {args.conv}")
+    for flag, value in (("--depth", args.depth), ("--steps", args.steps)):
+        if value < 1:
+            parser.error(f"{flag} takes an int >= 1, got {value}")
+    runs = mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv)
+    if args.only and args.only not in runs:
+        parser.error(f"--only {args.only!r} names no run of these arguments; they are: {', '.join(runs)}")
     if not args.table:
         torch.set_num_threads(1)
-        for name, blocks in mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv).items():
+        for name, blocks in runs.items():
             if (args.only and name != args.only) or name in load(OUT)["runs"]:
                 continue
             print(f"{name} ...", flush=True)

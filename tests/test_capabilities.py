@@ -524,6 +524,21 @@ def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     assert model.blocks[0].attn.positions == "alibi" and model.blocks[1].short_conv.width == 4
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--conv", "1"], "--conv takes 0 (none) or a width from 2 to 64, got 1"),
+    (["--depth", "0"], "--depth takes an int >= 1, got 0"),
+    (["--linear", "softmax"], "--linear takes micro, elita or elita:nosines, elita:fading, got 'softmax'"),
+    (["--depth", "2", "--only", "d2/micro+softmax@2"], "--only 'd2/micro+softmax@2' names no run"),
+])
+def test_hybrid_placement_refuses_bad_arguments_in_one_line_before_training(argv, message, capsys):
+    from bench.hybrid_placement import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_ngram_references_of_the_long_context_bench_by_hand():
     from bench.long_context import ngram_loss
 

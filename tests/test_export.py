@@ -22,7 +22,7 @@ import zoo
 from zoo.attention import native
 from zoo.models import decoding
 
-from .conftest import onnx_decoding
+from .conftest import onnx_decoding, onnx_program
 
 NAMES = zoo.list_models()
 CHECKPOINTS = [f"{n}.{t}" for n in zoo.list_models(pretrained=True) for t in zoo.models.registry.pretrained_tags(n)]
@@ -197,13 +197,10 @@ def check_onnx_folder(name, folder):
     # the export's own rule: 1e-4, relative where values exceed 1 (a 2,048-token prefill's logits differ by ~1e-4)
     assert all(f["max_rel_diff"] <= 1e-4 for f in config["files"].values())
     model = zoo.load(name)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     text = hasattr(model, "vocab_size")
     length = model.context_length if text and model.pos_kind == "learned" else 130
     x = example(model, 7, length)  # another batch size (and length) than the export traced and checked
-    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    got = onnx_program(folder, "model")(x)[0].numpy()
     with torch.no_grad():
         # float32 sums in another order: the in-context bias's running gate sums over 130 tokens differed by
         # 1.3e-4 on a logit of 4.1, so a relative part beside the absolute one
@@ -231,8 +228,6 @@ def test_plain_torch_onnx_export_works_with_the_kernels_built(name, tmp_path, ca
     """`torch.onnx.export(model, args, dynamo=True)` as a user writes it, with nothing zoo-specific passed:
     ONNX has no translation of zoo's operators, so exports trace the eager routes, and ONNX Runtime
     gives the eager model's logits."""
-    import onnxruntime
-
     needs_kernels()
     model = zoo.create(name).eval()
     ids = torch.randint(0, model.vocab_size, (2, 16))
@@ -240,8 +235,7 @@ def test_plain_torch_onnx_export_works_with_the_kernels_built(name, tmp_path, ca
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (ids,), dynamo=True).save(str(tmp_path / "model.onnx"))
     assert not native._exporting_to_onnx()  # the routes are the kernels again after the export
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
-    (logits,) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+    (logits,) = onnx_program(tmp_path, "model")(ids)
     with torch.no_grad():
         np.testing.assert_allclose(logits, model(ids).numpy(), rtol=1e-4, atol=1e-4)
 

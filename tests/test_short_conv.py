@@ -62,6 +62,20 @@ def test_the_convolution_is_the_sum_over_the_last_w_tokens_written_out():
     torch.testing.assert_close(tail, h[:, -2:], rtol=1e-12, atol=1e-12)
 
 
+def test_a_decoding_step_takes_the_dtypes_the_parallel_forward_takes():
+    # bfloat16 tokens into a float32 layer: the parallel route promotes; the one-token route must too, not crash
+    torch.manual_seed(0)
+    layer = ShortConv(8, 4)
+    x = torch.randn(2, 5, 8).bfloat16()
+    want, _ = layer(x)
+    tail, steps = None, []
+    for t in range(5):
+        out, tail = layer(x[:, t:t + 1], tail=tail)
+        steps.append(out)
+    assert want.dtype == torch.float32
+    torch.testing.assert_close(torch.cat(steps, 1), want)
+
+
 def test_no_output_depends_on_a_later_token_and_padding_is_neither_read_nor_written():
     torch.manual_seed(0)
     layer = ShortConv(8, 4)
