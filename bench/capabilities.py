@@ -5,6 +5,8 @@
     python bench/capabilities.py --list              # the runs and whether they are done, nothing run
     python bench/capabilities.py --table             # the table from bench/results/capabilities.json
     python bench/capabilities.py --tiny              # a smoke run: tiny models, few steps, its own file
+    python bench/capabilities.py --grid --seeds 0    # Zoology's grid: MQAR against width and pairs
+    python bench/capabilities.py --references stdlib # n-gram losses on a text task's test windows
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
@@ -40,14 +42,16 @@ TINY_OUT = RESULTS / "capabilities_tiny.json"
 DATA = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # "name:sincos": the model with sinusoidal positions, so that softmax attention is also tested beyond its
 # training length (with learned positions it cannot be); "elita-gpt-tiny:alibi": ELiTA with ALiBi's fading
-# history instead of its sines (attention_options positions alibi, pos_dim 0); "name:conv" below
+# history instead of its sines (attention_options positions alibi, pos_dim 0); "micro-gpt-tiny:alibi": micro's
+# mean fading the same way (attention_options positions alibi); "name:conv" below
 MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "quiet-gpt-tiny", "micro-gpt-tiny",
-          "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny", "hybrid-micro-gpt-tiny",
-          "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv",
+          "micro-gpt-tiny:alibi", "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny",
+          "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv",
           "hybrid-elita-gpt-tiny:conv1")
 # "name:conv": the model with a short causal convolution of this width at the start of every block
 # (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones);
-# "name:conv1": in the first block only (hybrid-elita-conv1-gpt-tiny's form: decoding pays for one)
+# "name:conv1": in the first block only (hybrid-elita-conv1-gpt-tiny's form: decoding pays for one);
+# "name:w128": the model at width 128 (Zoology's grid, below); variants combine: "name:conv:w128"
 CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
@@ -74,6 +78,10 @@ TASKS = {
     # rotary positions 99.96%). Segments of at least a quarter of the length, of distinct tokens: 256 allows
     # lengths up to 1,023, so 2x, 4x and 8x, not 16x
     "induction_heads": ("InductionHeads", {"vocab_size": 256, "sequence_length": 64, "test_lengths": lengths(64)[:4]}),
+    # Zoology's grid (their Figure 2) where this budget reaches: more pairs at the same length; with the ":w128"
+    # models, accuracy against width and pairs (python bench/capabilities.py --grid)
+    "mqar_p8": ("MQAR", {"vocab_size": 256, "sequence_length": 64, "num_pairs": 8}),
+    "mqar_p16": ("MQAR", {"vocab_size": 256, "sequence_length": 64, "num_pairs": 16}),
     "listops": ("ListOps", {"max_depth": 10, "max_args": 10, "min_length": 100, "max_length": 500}),
     "pixel_mnist": ("PixelMNIST", {"root": str(DATA), "batch_size": 50}),  # LRA's batch
     "pixel_mnist_permuted": ("PixelMNIST", {"root": str(DATA), "permute": True, "batch_size": 50}),
@@ -81,6 +89,10 @@ TASKS = {
                                      "batch_size": 8}),
     "stdlib": ("LongContextText", {"path": "stdlib", "context_length": 1024, "batch_size": 8}),
 }
+# Zoology's Figure 2 at this budget (--grid): MQAR accuracy against width and pairs, sequence length 64
+GRID_TASKS = ("mqar", "mqar_p8", "mqar_p16")
+GRID_MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-elita-gpt-tiny:conv")
+GRID_WIDTHS = (64, 128)  # 64 is SIZE's
 # batch_size where the task does not set its own (long sequences take fewer)
 BUDGET = {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 100, "weight_decay": 0.1}
 SEEDS = (0, 1, 2)
@@ -118,15 +130,20 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
 
     spec = (TINY_TASKS if tiny else TASKS)[task]
     budget, size = (TINY_BUDGET, TINY_SIZE) if tiny else (BUDGET, SIZE)
-    name, _, positions = model.partition(":")
-    if name == "elita-gpt-tiny" and positions == "alibi":  # ELiTA's own option: a fading history, no sines
-        size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
-    elif positions == "conv":  # a short convolution at the start of every block (Based's local mixing)
-        size = {**size, "short_conv": CONV_WIDTH}
-    elif positions == "conv1":
-        size = {**size, "short_conv": [CONV_WIDTH] + [0] * (size["depth"] - 1)}
-    else:
-        size = {**size, "pos_embed": positions} if positions else dict(size)
+    name, *variants = model.split(":")
+    for variant in variants:
+        if name == "elita-gpt-tiny" and variant == "alibi":  # ELiTA's own option: a fading history, no sines
+            size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
+        elif name == "micro-gpt-tiny" and variant == "alibi":  # micro's own option: a fading mean
+            size = {**size, "attention_options": {"positions": "alibi"}}
+        elif variant == "conv":  # a short convolution at the start of every block (Based's local mixing)
+            size = {**size, "short_conv": CONV_WIDTH}
+        elif variant == "conv1":
+            size = {**size, "short_conv": [CONV_WIDTH] + [0] * (size["depth"] - 1)}
+        elif variant.startswith("w") and variant[1:].isdigit():  # Zoology's grid: the model at another width
+            size = {**size, "embed_dim": int(variant[1:])}
+        else:
+            size = {**size, "pos_embed": variant}
     if name in MIXES:  # registered with 4 blocks; here at the suite's depth
         blocks = [MIXES[name]] * (size["depth"] - 1) + ["softmax"]
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
@@ -173,6 +190,17 @@ def add_record(out: Path, key: str, record: dict, command: str = "python bench/c
         write_text_atomic(out, json.dumps(results, indent=2))
 
 
+def text_references(task: str, orders=(1, 2, 3, 4)) -> dict:
+    """Held-out loss of n-gram models counted on a text task's training split, over the characters its test
+    windows score: what reading only the last n - 1 characters reaches, beside the models' loss."""
+    from bench.long_context import ngram_loss
+
+    data = build_data(task, TASKS[task], 1, 0, False)
+    scored = data.val_tokens[: data.val_windows * data.context_length + 1]
+    vocab = data.tokenizer.vocab_size
+    return {f"{n}-gram": round(ngram_loss(data.train_tokens, scored, n, vocab), 4) for n in orders}
+
+
 def table(results: dict) -> None:
     rows = []
     for key, r in sorted(results["runs"].items()):
@@ -194,17 +222,34 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="*", help="a pattern on run keys task/model/seed, e.g. 'mqar/*/0'")
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=None, help="default: every model of the suite")
     parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--grid", action="store_true",
+                        help=f"Zoology's grid instead: {', '.join(GRID_TASKS)} x {', '.join(GRID_MODELS)} at widths "
+                             f"{' and '.join(map(str, GRID_WIDTHS))}")
     parser.add_argument("--tiny", action="store_true", help="tiny models and data, few steps (a smoke run)")
     parser.add_argument("--out", type=Path, default=None, help=f"the JSON (default {OUT}; with --tiny {TINY_OUT})")
+    parser.add_argument("--references", metavar="TASK", choices=[t for t, (name, _) in TASKS.items()
+                                                                  if name == "LongContextText"],
+                        help="print n-gram references for a text task's test windows (warpeace, stdlib), run nothing")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
+    if args.references:
+        print(f"{args.references}: n-gram models on its test windows (nats per character)",
+              text_references(args.references))
+        return
     out = args.out or (TINY_OUT if args.tiny else OUT)
     seeds = args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
-    tasks = TINY_TASKS if args.tiny else TASKS
-    runs = [(t, m, s) for s in seeds for t in tasks for m in args.models if fnmatch.fnmatch(f"{t}/{m}/{s}", args.only)]
+    if args.grid and (args.models or args.tiny):
+        parser.error("--grid runs its own models and sizes: narrow it with --only, e.g. --only 'mqar_p8/*'")
+    if args.grid:
+        models = [m + ("" if w == SIZE["embed_dim"] else f":w{w}") for m in GRID_MODELS for w in GRID_WIDTHS]
+        tasks = GRID_TASKS
+    else:  # the grid's extra tasks only with --grid
+        models = args.models or list(MODELS)
+        tasks = [t for t in (TINY_TASKS if args.tiny else TASKS) if t not in GRID_TASKS[1:]]
+    runs = [(t, m, s) for s in seeds for t in tasks for m in models if fnmatch.fnmatch(f"{t}/{m}/{s}", args.only)]
     done = load(out)["runs"]
     if args.list:
         for t, m, s in runs:

@@ -19,7 +19,8 @@ if [ ${#recipes[@]} -eq 0 ]; then
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion
            gpt-tiny.warpeace micro-gpt-tiny.warpeace elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
-           elita-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace)
+           elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
+           hybrid-micro-conv-gpt-tiny.warpeace)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

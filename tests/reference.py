@@ -47,6 +47,8 @@ def multi_head_attention(layer, x, key_padding_mask=None, quiet=False):
 
 
 def micro_attention(layer, x, key_padding_mask=None):
+    """x_i minus the score-weighted mean, term by term; with positions="alibi" each score s_j of row i times
+    e^{-m (i - j)}, m = 2^(-8 (h + 1) / heads) (ALiBi's slopes for a power-of-two number of heads)."""
     x = x.double()
     b, n, d = x.shape
     h, hd, p = layer.heads, layer.head_dim, layer.num_queries
@@ -55,13 +57,15 @@ def micro_attention(layer, x, key_padding_mask=None):
     for bi in range(b):
         for hi in range(h):
             sl = slice(hi * hd, (hi + 1) * hd)
+            m = 2 ** (-8 * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
             scores = [torch.relu(queries[hi] @ x[bi, j]).sum() for j in range(n)]
             if key_padding_mask is not None:
                 scores = [s if key_padding_mask[bi, j] else s * 0 for j, s in enumerate(scores)]
             for i in range(n):
                 seen = range(i + 1) if layer.causal else range(n)
-                total = sum(scores[j] for j in seen)
-                mean = sum(scores[j] * x[bi, j, sl] for j in seen) / total if total > 0 else 0
+                faded = {j: scores[j] * math.exp(-m * (i - j)) for j in seen}
+                total = sum(faded.values())
+                mean = sum(faded[j] * x[bi, j, sl] for j in seen) / total if total > 0 else 0
                 out[bi, i, sl] = x[bi, i, sl] - mean
     return out @ layer.proj.weight.double().T
 

@@ -346,6 +346,88 @@ def test_elita_alibi_is_the_equation_with_a_history_fading_by_distance(route, po
         make("elita", positions="rope")
 
 
+def test_decayed_cumsum_is_the_recurrence_at_every_chunking():
+    """micro's fading sums against y_t = e^{-m} y_{t-1} + v_t from y_{-1} = initial, token by token in float64:
+    inside one chunk, across chunks, at a length no multiple of the chunk, and with m = 0 (a plain cumsum)."""
+    from zoo.attention.micro import decayed_cumsum
+
+    torch.manual_seed(0)
+    slopes = torch.tensor([0.5, 1 / 16, 0.0], dtype=torch.float64)
+    initial = torch.randn(2, 3, 4, dtype=torch.float64)
+    for n, chunk in [(1, 64), (7, 64), (23, 5), (20, 5), (40, 3)]:
+        values = torch.randn(2, n, 3, 4, dtype=torch.float64)
+        y, expected = initial, []
+        for t in range(n):
+            y = torch.exp(-slopes)[:, None] * y + values[:, t]
+            expected.append(y)
+        torch.testing.assert_close(decayed_cumsum(values, slopes, initial, chunk), torch.stack(expected, 1),
+                                   atol=1e-12, rtol=1e-12)
+
+
+def test_decayed_cumsum_stays_finite_and_exact_over_long_float32_inputs():
+    """20,000 tokens of large values in float32, against the float64 recurrence: the cumsum form would need
+    e^{m j}, which overflows float32 past j = 88 / m (176 tokens at m = 1/2)."""
+    from zoo.attention.micro import decayed_cumsum
+
+    torch.manual_seed(0)
+    slopes = torch.tensor([0.5, 1 / 256], dtype=torch.float64)
+    values = torch.rand(1, 20_000, 2, 1, dtype=torch.float64) * 100
+    y, expected, fade = torch.zeros(1, 2, 1, dtype=torch.float64), torch.empty_like(values), torch.exp(-slopes)[:, None]
+    for t in range(values.shape[1]):
+        y = fade * y + values[:, t]
+        expected[:, t] = y
+    got = decayed_cumsum(values.float(), slopes.float(), torch.zeros(1, 2, 1))
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), expected, atol=0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_micro_alibi_is_the_mean_with_a_history_fading_by_distance(heads):
+    """positions="alibi": the term-by-term mean with each s_j of row i times e^{-m (i - j)} in float64, over 100
+    tokens (two chunks) and with padding; decoding in pieces and token by token gives it, and so does the float32
+    layer."""
+    torch.manual_seed(0)
+    layer = make("micro", heads=heads, positions="alibi").double()
+    x = torch.randn(2, 100, 16, dtype=torch.float64)
+    full = layer(x)
+    torch.testing.assert_close(full, ref.micro_attention(layer, x), atol=1e-10, rtol=1e-10)
+    mask = torch.rand(2, 100) > 0.3
+    torch.testing.assert_close(layer(x, key_padding_mask=mask)[mask], ref.micro_attention(layer, x, mask)[mask],
+                               atol=1e-10, rtol=1e-10)
+    for size in (7, 1):
+        state, steps = None, []
+        for i in range(0, 100, size):
+            y, state = layer.step(x[:, i : i + size], state)
+            steps.append(y)
+        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(layer.float()(x.float()), full.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_micro_positions_are_refused_where_they_cannot_work():
+    with pytest.raises(ValueError, match=r"positions must be None \(the write-up's mean\) or 'alibi', got 'rope'"):
+        make("micro", positions="rope")
+    with pytest.raises(ValueError, match=r"positions='alibi' needs causal=True .*got causal=False"):
+        make("micro", causal=False, positions="alibi")
+
+
+def test_micro_alibi_model_saves_loads_and_decodes_as_its_full_pass(tmp_path):
+    import zoo
+
+    from .reference import greedy_by_recompute
+
+    torch.manual_seed(0)
+    model = zoo.create("micro-gpt-tiny", vocab_size=32, context_length=16, embed_dim=32, depth=2, num_heads=2,
+                       attention_options={"positions": "alibi"}).eval()
+    zoo.save_pretrained(model, tmp_path / "m")
+    back = zoo.load(str(tmp_path / "m"))
+    assert all(block.attn.positions == "alibi" for block in back.blocks)
+    x = torch.randint(0, 32, (2, 16))
+    torch.testing.assert_close(back(x), model(x))
+    with torch.no_grad():
+        model.tok_embed.weight.mul_(50)  # logits far apart: greedy choices not decided by rounding
+    assert model.generate([[3, 1, 4, 1, 5]], 10, temperature=0)[0] == greedy_by_recompute(model, [3, 1, 4, 1, 5], 10)
+
+
 @pytest.mark.parametrize("options", [{}, {"positions": "alibi", "pos_dim": 0}])
 def test_elita_one_token_steps_match_the_float64_equation(options):
     """A one-token step takes its own route (the running mean's update written out, not the scan kernel): token

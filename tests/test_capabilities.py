@@ -421,20 +421,52 @@ def test_bench_tiny_is_resumable(tmp_path):
 
     out = tmp_path / "capabilities.json"
     args = ["--tiny", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "gpt-tiny", "gpt-tiny:sincos",
-            "hybrid-micro-gpt-tiny:conv", "--out", str(out)]
+            "hybrid-micro-gpt-tiny:conv", "micro-gpt-tiny:alibi:w48", "--out", str(out)]
     capabilities.main(args)
     first = json.loads(out.read_text())
     assert set(first["runs"]) == {"mqar/micro-gpt-tiny/0", "mqar/gpt-tiny/0", "mqar/gpt-tiny:sincos/0",
-                                  "mqar/hybrid-micro-gpt-tiny:conv/0"}
+                                  "mqar/hybrid-micro-gpt-tiny:conv/0", "mqar/micro-gpt-tiny:alibi:w48/0"}
     # ":conv": the model with a short convolution in every block (here the tiny size's one block, softmax)
     conv = first["runs"]["mqar/hybrid-micro-gpt-tiny:conv/0"]["size"]
     assert conv["short_conv"] == capabilities.CONV_WIDTH and conv["attention"][-1] == "softmax"
+    # variants combine: micro's fading mean at another width
+    faded = first["runs"]["mqar/micro-gpt-tiny:alibi:w48/0"]["size"]
+    assert faded["attention_options"] == {"positions": "alibi"} and faded["embed_dim"] == 48
     micro, gpt = first["runs"]["mqar/micro-gpt-tiny/0"], first["runs"]["mqar/gpt-tiny/0"]
     for extends in (micro, first["runs"]["mqar/gpt-tiny:sincos/0"]):
         assert set(extends["metrics"]) >= {"test/accuracy@32", "test/accuracy@64"} and extends["not_tested"] is None
     assert "test/accuracy@64" not in gpt["metrics"] and "learned positions for 32 tokens" in gpt["not_tested"]
     capabilities.main(args)  # everything done: nothing runs again, the records stay as they were
     assert json.loads(out.read_text())["runs"] == first["runs"]
+
+
+def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_path, capsys):
+    from bench import capabilities
+
+    out = tmp_path / "none.json"
+    capabilities.main(["--grid", "--seeds", "0", "--list", "--out", str(out)])
+    grid = [line.partition(": ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert len(grid) == 3 * 4 * 2 and "mqar_p16/hybrid-elita-gpt-tiny:conv:w128/0" in grid  # tasks x models x widths
+    assert "mqar_p8/gpt-tiny/0" in grid and "mqar_p8/gpt-tiny:w64/0" not in grid  # width 64 is the plain name
+    capabilities.main(["--seeds", "0", "--list", "--out", str(out)])
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("mqar_p")]
+    assert capabilities.TASKS["mqar_p16"][1]["num_pairs"] == 16
+    with pytest.raises(SystemExit):  # its models are its own: one line, not a silently ignored --models
+        capabilities.main(["--grid", "--models", "gpt-tiny", "--list", "--out", str(out)])
+    assert "--grid runs its own models" in capsys.readouterr().err
+
+
+def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch):
+    """On "abab...", a 1-gram model is a coin (log 2 nats) and a 2-gram model knows every next character."""
+    from bench import capabilities
+
+    text = tmp_path / "ab.txt"
+    text.write_text("ab" * 500)
+    monkeypatch.setitem(capabilities.TASKS, "toy", ("LongContextText", {"path": str(text), "context_length": 8,
+                                                                       "val_windows": 2}))
+    references = capabilities.text_references("toy", orders=(1, 2))
+    assert references["1-gram"] == pytest.approx(math.log(2), abs=2e-3)
+    assert references["2-gram"] == pytest.approx(-math.log((450 + 0.1) / (450 + 0.2)), abs=1e-4)
 
 
 def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_position(tmp_path):

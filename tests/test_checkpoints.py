@@ -28,9 +28,9 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "hybrid-micro-conv-gpt-tiny.shakespeare", "hybrid-elita-conv-gpt-tiny.shakespeare",
            "hybrid-elita-conv1-gpt-tiny.shakespeare",
            # issue 24: long context (2,048 characters of War and Peace); elita also without its sine positions
-           # and with ALiBi's fading history instead
+           # and with ALiBi's fading history instead, micro with its mean fading the same way
            "gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
-           "elita-gpt-tiny.warpeace-alibi",
+           "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi",
            # the hybrids at 2,048: ELiTA with the fading history and a rotary softmax block; micro with short
            # convolutions
            "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace"]

@@ -76,3 +76,33 @@ def test_report_never_replaces_a_users_folder(tmp_path):
     (tmp_path / "mine" / "report.json").write_text('{"format": "zoo-report"}')
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     assert not is_report_folder(tmp_path / "mine")  # a marker alone does not make another file ours
+
+
+def test_capability_plots_draw_zoologys_grid_averaged_over_seeds(monkeypatch):
+    """MQAR runs at several pair counts become one line per model and width (Zoology's Figure 2), the accuracy at
+    the training length averaged over seeds; a model run at one pair count draws no line, and a task tested at
+    the training length only gets no plot against length."""
+    from zoo.release import report
+    from zoo.viz import figures
+
+    drawn = {}
+
+    def lines(series, xlabel, ylabel, title, log=True):
+        drawn[title] = series
+        return figures.plt.figure()
+
+    monkeypatch.setattr(figures, "lines_figure", lines)
+
+    def run(task, model, width, pairs, accuracy):
+        return {"task": task, "model": model, "size": {"embed_dim": width},
+                "data": {"name": "MQAR", "init_args": {"sequence_length": 64, "num_pairs": pairs}},
+                "metrics": {"test/accuracy@64": accuracy}, "loss_by_position": None}
+
+    runs = [run("mqar", "micro-gpt-tiny", 64, 4, 0.5), run("mqar", "micro-gpt-tiny", 64, 4, 0.3),
+            run("mqar_p8", "micro-gpt-tiny", 64, 8, 0.2), run("mqar_p8", "micro-gpt-tiny:w128", 128, 8, 0.6),
+            run("mqar_p16", "micro-gpt-tiny:w128", 128, 16, 0.4), run("mqar", "gpt-tiny", 64, 4, 1.0)]
+    plots = report._bench_plots("capabilities", {"runs": {str(i): r for i, r in enumerate(runs)}})
+    grid = drawn.pop("MQAR against width and pairs (Zoology's Figure 2)")
+    assert grid == {"micro-gpt-tiny, width 64": ([4, 8], [40.0, 20.0]),
+                    "micro-gpt-tiny, width 128": ([8, 16], [60.0, 40.0])}
+    assert drawn == {} and len(plots) == 1

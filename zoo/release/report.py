@@ -159,9 +159,26 @@ def _bench_plots(name: str, data: dict) -> list[str]:
                             by_model.setdefault(r["model"], {}).setdefault(length, []).append(100 * value)
             series = {model: (sorted(at), [sum(at[n]) / len(at[n]) for n in sorted(at)])
                       for model, at in by_model.items()}
-            plots.append(_img(figures.lines_figure(series, "test length (tokens)", "accuracy (%), mean over seeds",
-                                                   f"capabilities: {task} against test length", log=False),
-                              f"capabilities {task}"))
+            if any(len(x) > 1 for x, _ in series.values()):  # tested beyond the training length
+                plots.append(_img(figures.lines_figure(series, "test length (tokens)", "accuracy (%), mean over seeds",
+                                                       f"capabilities: {task} against test length", log=False),
+                                  f"capabilities {task}"))
+        grid = {}  # Zoology's Figure 2: (model, width, length) -> pairs -> accuracies at the training length
+        for r in runs:
+            args = r.get("data", {}).get("init_args", {})
+            if r.get("data", {}).get("name") == "MQAR" and "size" in r:
+                length = args["sequence_length"]
+                accuracy = r["metrics"].get(f"test/accuracy@{length}")
+                if accuracy is not None:
+                    line = (r["model"].split(":w")[0], r["size"]["embed_dim"], length)
+                    grid.setdefault(line, {}).setdefault(args["num_pairs"], []).append(100 * accuracy)
+        series = {f"{model}, width {width}" + (f", length {length}" if length != 64 else ""):
+                  (sorted(at), [sum(at[n]) / len(at[n]) for n in sorted(at)])
+                  for (model, width, length), at in grid.items() if len(at) > 1}
+        if series:
+            plots.append(_img(figures.lines_figure(series, "key-value pairs", "accuracy (%), mean over seeds",
+                                                   "MQAR against width and pairs (Zoology's Figure 2)", log=False),
+                              "capabilities MQAR grid"))
     if name == "long_context" and isinstance(data.get("runs"), dict):
         series = {}
         for release, r in data["runs"].items():

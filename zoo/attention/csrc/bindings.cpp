@@ -1,23 +1,25 @@
 // The Python face of zoo's compiled CPU kernels (see zoo/attention/native.py).
 
-#include <torch/extension.h>
+// pybind11 and the tensor casters only, and ATen alone in the kernels: <torch/extension.h> pulls in the whole
+// C++ frontend, which made the first build about three times longer.
+#include <torch/csrc/utils/pybind.h>
 
 #include <vector>
 
-torch::Tensor softmax_one_lastdim(const torch::Tensor& x);
-std::vector<torch::Tensor> micro_scan_forward(const torch::Tensor& x, const torch::Tensor& s,
-                                              const torch::Tensor& S0, const torch::Tensor& z0);
-std::vector<torch::Tensor> micro_scan_backward(const torch::Tensor& gd, const torch::Tensor& gS_last,
-                                               const torch::Tensor& gz_last, const torch::Tensor& x,
-                                               const torch::Tensor& s, const torch::Tensor& S0,
-                                               const torch::Tensor& z0);
-std::vector<torch::Tensor> elita_scan_forward(const torch::Tensor& l, const torch::Tensor& r,
-                                              const torch::Tensor& v, const torch::Tensor& A0,
-                                              const torch::Tensor& M0);
-std::vector<torch::Tensor> elita_scan_backward(const torch::Tensor& gy, const torch::Tensor& gA_last,
-                                               const torch::Tensor& gM_last, const torch::Tensor& l,
-                                               const torch::Tensor& r, const torch::Tensor& v,
-                                               const torch::Tensor& A0, const torch::Tensor& M0);
+at::Tensor softmax_one_lastdim(const at::Tensor& x);
+std::vector<at::Tensor> micro_scan_forward(const at::Tensor& x, const at::Tensor& s,
+                                           const at::Tensor& S0, const at::Tensor& z0);
+std::vector<at::Tensor> micro_scan_backward(const at::Tensor& gd, const at::Tensor& gS_last,
+                                            const at::Tensor& gz_last, const at::Tensor& x,
+                                            const at::Tensor& s, const at::Tensor& S0,
+                                            const at::Tensor& z0);
+std::vector<at::Tensor> elita_scan_forward(const at::Tensor& l, const at::Tensor& r,
+                                           const at::Tensor& v, const at::Tensor& A0,
+                                           const at::Tensor& M0);
+std::vector<at::Tensor> elita_scan_backward(const at::Tensor& gy, const at::Tensor& gA_last,
+                                            const at::Tensor& gM_last, const at::Tensor& l,
+                                            const at::Tensor& r, const at::Tensor& v,
+                                            const at::Tensor& A0, const at::Tensor& M0);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_one_lastdim", &softmax_one_lastdim, "softmax_one along the last dimension");

@@ -4,7 +4,7 @@
 
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <initializer_list>
 #include <string>
@@ -13,7 +13,7 @@ namespace zoo {
 
 // t must be a contiguous CPU tensor of exactly `sizes`, with a dtype allowed by `dtypes`.
 // Runs on every call (decoding calls once a token), so nothing is built unless a check fails.
-inline void check_tensor(const char* kernel, const char* name, const torch::Tensor& t,
+inline void check_tensor(const char* kernel, const char* name, const at::Tensor& t,
                          std::initializer_list<int64_t> sizes, std::initializer_list<at::ScalarType> dtypes) {
   TORCH_CHECK_VALUE(t.defined(), kernel, ": ", name, " is undefined");
   TORCH_CHECK_VALUE(t.device().is_cpu(), kernel, ": ", name, " must be a CPU tensor, got ", t.device());
@@ -31,7 +31,7 @@ inline void check_tensor(const char* kernel, const char* name, const torch::Tens
 }
 
 // Sizes of a tensor of `dims` dimensions, for the tensor that fixes them (B, L, ...).
-inline c10::IntArrayRef sizes_of(const char* kernel, const char* name, const torch::Tensor& t, int64_t dims) {
+inline c10::IntArrayRef sizes_of(const char* kernel, const char* name, const at::Tensor& t, int64_t dims) {
   TORCH_CHECK_VALUE(t.defined() && t.dim() == dims, kernel, ": ", name, " must have ", dims, " dimensions, got ",
                     t.defined() ? t.sizes() : c10::IntArrayRef{});
   return t.sizes();

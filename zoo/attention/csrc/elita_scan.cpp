@@ -12,7 +12,7 @@
 // once. The backward recomputes the weights and M_t in a forward sweep (into a scratch
 // of one block), then gathers the gradients in a reverse sweep.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
 
@@ -23,8 +23,8 @@
 
 namespace {
 
-void check_inputs(const char* kernel, const torch::Tensor& l, const torch::Tensor& r, const torch::Tensor& v,
-                  const torch::Tensor& A0, const torch::Tensor& M0, int64_t B, int64_t L, int64_t H, int64_t D) {
+void check_inputs(const char* kernel, const at::Tensor& l, const at::Tensor& r, const at::Tensor& v,
+                  const at::Tensor& A0, const at::Tensor& M0, int64_t B, int64_t L, int64_t H, int64_t D) {
   zoo::check_tensor(kernel, "l", l, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "r", r, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "v", v, {B, L, H, D}, {at::kFloat, at::kBFloat16, at::kHalf});
@@ -52,13 +52,13 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // l, r (B, L, H), v (B, L, H, D), A0 (B, H), M0 (B, H, D) -> y (B, L, H, D), A_L (B, H), M_L (B, H, D).
 // Everything is float32 but v, which may be bf16 or fp16 (as a projection under autocast
 // gives it): it is widened as it is read, so no float32 copy of it is made or kept.
-std::vector<torch::Tensor> elita_scan_forward(const torch::Tensor& l, const torch::Tensor& r,
-                                              const torch::Tensor& v, const torch::Tensor& A0,
-                                              const torch::Tensor& M0) {
+std::vector<at::Tensor> elita_scan_forward(const at::Tensor& l, const at::Tensor& r,
+                                           const at::Tensor& v, const at::Tensor& A0,
+                                           const at::Tensor& M0) {
   const auto n = zoo::sizes_of("elita_scan_forward", "v", v, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
   check_inputs("elita_scan_forward", l, r, v, A0, M0, B, L, H, D);
-  auto y = torch::empty(v.sizes(), v.options().dtype(at::kFloat));
+  auto y = at::empty(v.sizes(), v.options().dtype(at::kFloat));
   auto A_last = A0.clone();
   auto M_last = M0.clone();
   const float* lp = l.data_ptr<float>();
@@ -94,19 +94,19 @@ std::vector<torch::Tensor> elita_scan_forward(const torch::Tensor& l, const torc
 }
 
 // Gradients of y, A_L, M_L -> gradients of l, r, v, A0, M0.
-std::vector<torch::Tensor> elita_scan_backward(const torch::Tensor& gy, const torch::Tensor& gA_last,
-                                               const torch::Tensor& gM_last, const torch::Tensor& l,
-                                               const torch::Tensor& r, const torch::Tensor& v,
-                                               const torch::Tensor& A0, const torch::Tensor& M0) {
+std::vector<at::Tensor> elita_scan_backward(const at::Tensor& gy, const at::Tensor& gA_last,
+                                            const at::Tensor& gM_last, const at::Tensor& l,
+                                            const at::Tensor& r, const at::Tensor& v,
+                                            const at::Tensor& A0, const at::Tensor& M0) {
   const auto n = zoo::sizes_of("elita_scan_backward", "v", v, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
   check_inputs("elita_scan_backward", l, r, v, A0, M0, B, L, H, D);
   zoo::check_tensor("elita_scan_backward", "gy", gy, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor("elita_scan_backward", "gA_last", gA_last, {B, H}, {at::kFloat});
   zoo::check_tensor("elita_scan_backward", "gM_last", gM_last, {B, H, D}, {at::kFloat});
-  auto gl = torch::empty_like(l);
-  auto gr = torch::empty_like(r);
-  auto gv = torch::empty_like(v);
+  auto gl = at::empty_like(l);
+  auto gr = at::empty_like(r);
+  auto gv = at::empty_like(v);
   auto gA0 = gA_last.clone();
   auto gM0 = gM_last.clone();
   const float* lp = l.data_ptr<float>();

@@ -10,7 +10,7 @@
 // backward recomputes S_t in a forward sweep instead of keeping it, then gathers the
 // gradients in a reverse sweep, so nothing full-width is saved between the two.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
 
@@ -22,8 +22,8 @@
 
 namespace {
 
-void check_inputs(const char* kernel, const torch::Tensor& x, const torch::Tensor& s, const torch::Tensor& S0,
-                  const torch::Tensor& z0, int64_t B, int64_t L, int64_t H, int64_t D) {
+void check_inputs(const char* kernel, const at::Tensor& x, const at::Tensor& s, const at::Tensor& S0,
+                  const at::Tensor& z0, int64_t B, int64_t L, int64_t H, int64_t D) {
   zoo::check_tensor(kernel, "x", x, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor(kernel, "s", s, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "S0", S0, {B, H, D}, {at::kFloat});
@@ -33,12 +33,12 @@ void check_inputs(const char* kernel, const torch::Tensor& x, const torch::Tenso
 }  // namespace
 
 // x (B, L, H, D), s (B, L, H), S0 (B, H, D), z0 (B, H) -> d (B, L, H, D), S_L (B, H, D), z_L (B, H)
-std::vector<torch::Tensor> micro_scan_forward(const torch::Tensor& x, const torch::Tensor& s,
-                                              const torch::Tensor& S0, const torch::Tensor& z0) {
+std::vector<at::Tensor> micro_scan_forward(const at::Tensor& x, const at::Tensor& s,
+                                           const at::Tensor& S0, const at::Tensor& z0) {
   const auto n = zoo::sizes_of("micro_scan_forward", "x", x, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
   check_inputs("micro_scan_forward", x, s, S0, z0, B, L, H, D);
-  auto d = torch::empty_like(x);
+  auto d = at::empty_like(x);
   auto S_last = S0.clone();
   auto z_last = z0.clone();
   const float* xp = x.data_ptr<float>();
@@ -70,18 +70,18 @@ std::vector<torch::Tensor> micro_scan_forward(const torch::Tensor& x, const torc
 }
 
 // Gradients of d, S_L, z_L -> gradients of x, s, S0, z0.
-std::vector<torch::Tensor> micro_scan_backward(const torch::Tensor& gd, const torch::Tensor& gS_last,
-                                               const torch::Tensor& gz_last, const torch::Tensor& x,
-                                               const torch::Tensor& s, const torch::Tensor& S0,
-                                               const torch::Tensor& z0) {
+std::vector<at::Tensor> micro_scan_backward(const at::Tensor& gd, const at::Tensor& gS_last,
+                                            const at::Tensor& gz_last, const at::Tensor& x,
+                                            const at::Tensor& s, const at::Tensor& S0,
+                                            const at::Tensor& z0) {
   const auto n = zoo::sizes_of("micro_scan_backward", "x", x, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
   check_inputs("micro_scan_backward", x, s, S0, z0, B, L, H, D);
   zoo::check_tensor("micro_scan_backward", "gd", gd, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor("micro_scan_backward", "gS_last", gS_last, {B, H, D}, {at::kFloat});
   zoo::check_tensor("micro_scan_backward", "gz_last", gz_last, {B, H}, {at::kFloat});
-  auto gx = torch::empty_like(x);
-  auto gs = torch::empty_like(s);
+  auto gx = at::empty_like(x);
+  auto gs = at::empty_like(s);
   auto gS0 = gS_last.clone();
   auto gz0 = gz_last.clone();
   const float* xp = x.data_ptr<float>();

@@ -11,7 +11,7 @@
 // at the maximum, or exp(-m) = 1 when m = 0), so a row of -inf gives zeros, not NaN.
 // Half-precision rows are widened to float for the whole computation.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -50,14 +50,14 @@ void softmax_one_row(const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-torch::Tensor softmax_one_lastdim(const torch::Tensor& x) {
+at::Tensor softmax_one_lastdim(const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.defined() && x.dim() >= 1, "softmax_one_lastdim: x must have at least one dimension");
   TORCH_CHECK_VALUE(x.device().is_cpu(), "softmax_one_lastdim: x must be a CPU tensor, got ", x.device());
   const auto type = x.scalar_type();
   TORCH_CHECK_VALUE(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf,
                     "softmax_one_lastdim: x must be Float or BFloat16 or Half, got ", type);
   const auto input = x.contiguous();
-  auto out = torch::empty_like(input);
+  auto out = at::empty_like(input);
   const int64_t n = input.size(-1);
   const int64_t rows = n == 0 ? 0 : input.numel() / n;
   // As in PyTorch's softmax: give each task about 32k element-operations.
