@@ -2,7 +2,7 @@
 
 Each kernel is a fast route to numbers that an eager PyTorch path also computes, and
 the tests hold the two together; nothing needs the kernels to work. The first build
-takes about a minute and needs a C++ compiler and ninja. PyTorch caches the result per
+takes about 20 s on 2 cores and needs a C++ compiler and ninja. PyTorch caches the result per
 machine and torch version (under TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions),
 so later processes only load it. Without a compiler, or with ZOO_NATIVE=0, zoo warns
 once and stays on the eager paths. ZOO_NATIVE_SANITIZE=address builds a separate copy
@@ -61,7 +61,8 @@ def _building_message(folder: Path):
     import time
 
     started, done = time.time(), threading.Event()
-    line = f"zoo: building the compiled CPU kernels once, in {folder} (1-4 minutes; `zoo build-kernels` does it ahead)"
+    line = (f"zoo: building the compiled CPU kernels once, in {folder} "
+            "(under a minute; `zoo build-kernels` does it ahead)")
     live = sys.stderr.isatty()
 
     def tick():
