@@ -48,6 +48,9 @@ MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "qui
           "micro-gpt-tiny:alibi", "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny",
           "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv",
           "hybrid-elita-gpt-tiny:conv1")
+# the linear mechanisms' own fading history ("elita-gpt-tiny:alibi", "micro-gpt-tiny:alibi"): ELiTA drops its
+# sines for it, micro's mean has none to drop
+FADING = {"elita": {"positions": "alibi", "pos_dim": 0}, "micro": {"positions": "alibi"}}
 # "name:conv": the model with a short causal convolution of this width at the start of every block
 # (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones);
 # "name:conv1": in the first block only (hybrid-elita-conv1-gpt-tiny's form: decoding pays for one);
@@ -132,10 +135,8 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
     budget, size = (TINY_BUDGET, TINY_SIZE) if tiny else (BUDGET, SIZE)
     name, *variants = model.split(":")
     for variant in variants:
-        if name == "elita-gpt-tiny" and variant == "alibi":  # ELiTA's own option: a fading history, no sines
-            size = {**size, "attention_options": {"positions": "alibi", "pos_dim": 0}}
-        elif name == "micro-gpt-tiny" and variant == "alibi":  # micro's own option: a fading mean
-            size = {**size, "attention_options": {"positions": "alibi"}}
+        if variant == "alibi" and name.split("-")[0] in FADING:  # the mechanism's own fading option
+            size = {**size, "attention_options": dict(FADING[name.split("-")[0]])}
         elif variant == "conv":  # a short convolution at the start of every block (Based's local mixing)
             size = {**size, "short_conv": CONV_WIDTH}
         elif variant == "conv1":
@@ -236,8 +237,11 @@ def main(argv=None):
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
     if args.references:
-        print(f"{args.references}: n-gram models on its test windows (nats per character)",
-              text_references(args.references))
+        try:
+            references = text_references(args.references)
+        except FileNotFoundError as error:  # War and Peace outside ZOO_DATA
+            parser.error(str(error))
+        print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
         return
     out = args.out or (TINY_OUT if args.tiny else OUT)
     seeds = args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
@@ -250,6 +254,9 @@ def main(argv=None):
         models = args.models or list(MODELS)
         tasks = [t for t in (TINY_TASKS if args.tiny else TASKS) if t not in GRID_TASKS[1:]]
     runs = [(t, m, s) for s in seeds for t in tasks for m in models if fnmatch.fnmatch(f"{t}/{m}/{s}", args.only)]
+    if not runs and not args.table:
+        parser.error(f"--only {args.only!r} matches no run of these tasks, models and seeds (keys are "
+                     "task/model/seed, e.g. 'mqar/gpt-tiny/0'; --list shows them)")
     done = load(out)["runs"]
     if args.list:
         for t, m, s in runs:
@@ -263,7 +270,11 @@ def main(argv=None):
             if key in load(out)["runs"]:
                 continue
             print(f"{key} ...", flush=True)
-            add_record(out, key, run_one(t, m, s, args.tiny))
+            try:
+                record = run_one(t, m, s, args.tiny)
+            except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
+                parser.error(f"{key}: {error}")
+            add_record(out, key, record)
     table(load(out))
 
 

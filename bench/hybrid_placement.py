@@ -28,13 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.capabilities import BUDGET, SIZE, TASKS, add_record, build_data, load  # noqa: E402
+from bench.capabilities import BUDGET, FADING, SIZE, TASKS, add_record, build_data, load  # noqa: E402
 from bench.common import RESULTS, print_table  # noqa: E402
 from zoo.models.short_conv import MAX_WIDTH  # noqa: E402
 
 OUT = RESULTS / "hybrid_placement.json"
 # ELiTA's variants by name: its options for the linear blocks (attention_options)
-VARIANTS = {"elita:nosines": {"pos_dim": 0}, "elita:fading": {"positions": "alibi", "pos_dim": 0}}
+VARIANTS = {"elita:nosines": {"pos_dim": 0}, "elita:fading": FADING["elita"]}
 
 
 def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: int = 0) -> dict[str, list[str]]:
@@ -55,7 +55,7 @@ def model_size(blocks: list[str], conv: int = 0) -> dict:
     attention = [name.partition(":")[0] for name in blocks]
     size = {**SIZE, "depth": len(blocks), "attention": attention}
     if any(name in VARIANTS for name in blocks):
-        size["attention_options"] = [VARIANTS.get(name, {}) for name in blocks]
+        size["attention_options"] = [dict(VARIANTS.get(name, {})) for name in blocks]
     # pos_embed none: micro, elita and the convolutions carry order; the pure softmax model without
     # convolutions gets learned positions, as gpt-tiny
     size["pos_embed"] = "learned" if set(attention) == {"softmax"} and not conv else "none"
@@ -124,6 +124,7 @@ def main(argv=None):
             for name, r in sorted(runs.items())]
     print_table("accuracy by the place of the softmax block (1 thread)", rows,
                 ["model", "task", "blocks", "conv", "steps", "test acc", "train s"])
+
 
 if __name__ == "__main__":
     main()

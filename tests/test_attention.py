@@ -403,6 +403,24 @@ def test_micro_alibi_is_the_mean_with_a_history_fading_by_distance(heads):
     torch.testing.assert_close(layer.float()(x.float()), full.float(), atol=1e-4, rtol=1e-4)
 
 
+def test_micro_alibi_passes_a_non_finite_token_on_and_never_hides_it():
+    """A NaN or inf token makes every output from it on NaN, as the mean as written does: no later output is a
+    finite number computed from it. (Inside its block the chunked sums also reach the outputs before it, 0 * NaN
+    in the masked products; the token-by-token route does not.)"""
+    torch.manual_seed(0)
+    layer = make("micro", positions="alibi")
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(2, 150, 16)
+        x[:, 100] = bad
+        assert torch.isnan(layer(x)[:, 100:]).all()
+        state, steps = None, []
+        for i in range(150):
+            y, state = layer.step(x[:, i : i + 1], state)
+            steps.append(y)
+        steps = torch.cat(steps, 1)
+        assert torch.isfinite(steps[:, :100]).all() and torch.isnan(steps[:, 100:]).all()
+
+
 def test_micro_positions_are_refused_where_they_cannot_work():
     with pytest.raises(ValueError, match=r"positions must be None \(the write-up's mean\) or 'alibi', got 'rope'"):
         make("micro", positions="rope")

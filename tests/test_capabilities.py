@@ -454,9 +454,13 @@ def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_pa
     with pytest.raises(SystemExit):  # its models are its own: one line, not a silently ignored --models
         capabilities.main(["--grid", "--models", "gpt-tiny", "--list", "--out", str(out)])
     assert "--grid runs its own models" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a pattern that matches nothing says so, rather than running nothing
+        capabilities.main(["--grid", "--only", "mqar_p9/*", "--list", "--out", str(out)])
+    assert "--only 'mqar_p9/*' matches no run" in capsys.readouterr().err
 
 
-def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch):
+def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch,
+                                                                                        capsys):
     """On "abab...", a 1-gram model is a coin (log 2 nats) and a 2-gram model knows every next character."""
     from bench import capabilities
 
@@ -467,6 +471,10 @@ def test_bench_text_references_count_on_the_training_split_and_score_the_test_wi
     references = capabilities.text_references("toy", orders=(1, 2))
     assert references["1-gram"] == pytest.approx(math.log(2), abs=2e-3)
     assert references["2-gram"] == pytest.approx(-math.log((450 + 0.1) / (450 + 0.2)), abs=1e-4)
+    monkeypatch.setitem(capabilities.TASKS, "warpeace", ("LongContextText", {"path": str(tmp_path / "absent.txt")}))
+    with pytest.raises(SystemExit):  # the text not where ZOO_DATA says: one line, no traceback
+        capabilities.main(["--references", "warpeace"])
+    assert "text file not found" in capsys.readouterr().err
 
 
 def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_position(tmp_path):

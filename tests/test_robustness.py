@@ -469,7 +469,7 @@ def test_classify_refuses_nan_and_inf():
 
 
 MECHANISMS = [("softmax", False), ("softmax", True), ("quiet", False), ("quiet", True), ("micro", False),
-              ("micro", True), ("elita", True), ("fused", False)]
+              ("micro", True), ("micro:alibi", True), ("elita", True), ("fused", False)]  # name:positions
 
 
 @pytest.mark.parametrize("mechanism,causal", MECHANISMS)
@@ -480,7 +480,8 @@ def test_masked_tokens_cannot_touch_real_ones(both_routes, mechanism, causal, ro
     """Whatever a padded token holds (NaN included), real tokens' outputs are those of the same input with
     the padding replaced by other values, and a row that is all padding gives zeros."""
     torch.manual_seed(0)
-    layer = build(mechanism, dim=16, heads=4, causal=causal).eval()
+    mechanism, _, positions = mechanism.partition(":")
+    layer = build(mechanism, dim=16, heads=4, causal=causal, **({"positions": positions} if positions else {})).eval()
     mask = torch.tensor(rows)
     x = torch.randn(len(rows), 6, 16)
     other = x.clone()

@@ -66,7 +66,8 @@ def decayed_cumsum(values: torch.Tensor, slopes: torch.Tensor, initial: torch.Te
     In chunks (flash-linear-attention style): inside a chunk a lower-triangular (C, C) matrix of
     e^{-m (t - j)}, across chunks the same form one level up on the chunks' last sums; every exponent
     is <= 0, so nothing overflows at any length. values (B, L, H, D), slopes (H,) >= 0, initial (B, H, D)
-    (the sums before the first token). Returns (B, L, H, D).
+    (the sums before the first token). Returns (B, L, H, D). A NaN or inf value makes every later sum NaN and,
+    through the masked products (0 * NaN), the earlier ones of its chunks too; one token at a time it does not.
     """
     b, n, h, d = values.shape
 
