@@ -7,6 +7,9 @@
     python bench/capabilities.py --tiny              # a smoke run: tiny models, few steps, its own file
     python bench/capabilities.py --grid --seeds 0    # Zoology's grid: MQAR against width and pairs
     python bench/capabilities.py --references stdlib # n-gram losses on a text task's test windows
+    python bench/capabilities.py --sweep --only 'mqar/*'  # each cell's learning rate from a sweep at seed 0
+    python bench/capabilities.py --markdown          # the README's tables: mean ± std over seeds, from the JSON
+    python bench/capabilities.py --estimate --only 'listops/*' --seeds 0  # minutes a run would take here
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
@@ -14,6 +17,9 @@ rate and warm-up (`zoo.training.SequenceTask`, AdamW with cosine decay), then te
 task's fixed test set at the training length and at 2x, 4x, 8x and 16x it (induction heads: to 8x).
 A model with learned positions cannot be tested beyond them: its record says so (`not_tested`)
 instead of a number.
+The learning rate is the budget's 1e-3 unless the cell (task and model) was swept: `--sweep` trains seed 0
+at each of SWEEP_LRS, keeps the one with the best validation accuracy as seed 0's run, as Zoology does,
+and later seeds of that cell train at it.
 Each run's record goes into bench/results/capabilities.json as soon as it ends (a temporary file,
 then a rename, under a lock), so the script can be stopped and started again: finished runs are
 skipped. Runs take one thread each.
@@ -25,6 +31,7 @@ import argparse
 import fnmatch
 import json
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -34,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, locked, machine, print_table  # noqa: E402
+from bench.common import RESULTS, locked, machine, print_table, write_json  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "capabilities.json"
@@ -99,6 +106,11 @@ GRID_WIDTHS = (64, 128)  # 64 is SIZE's
 # batch_size where the task does not set its own (long sequences take fewer)
 BUDGET = {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 100, "weight_decay": 0.1}
 SEEDS = (0, 1, 2)
+# Zoology chooses each cell's learning rate on the validation split, from 1e-4 to 1e-2; ours are half-decade
+# steps around the calibrated 1e-3 (with three points, to 3e-3, every MQAR cell chose the top one, so 1e-2 joined).
+# The text tasks are not swept: their held-out text is their test text, no split to choose on
+SWEEP_LRS = (3e-4, 1e-3, 3e-3, 1e-2)
+VALIDATED = {"MQAR", "SelectiveCopying", "InductionHeads", "ListOps", "PixelMNIST"}  # tasks with a validation split
 # --tiny: every task at a size that runs in seconds, to check the pipeline end to end
 TINY_TASKS = {
     "mqar": ("MQAR", {"vocab_size": 64, "sequence_length": 32, "num_pairs": 4, "test_lengths": [64]}),
@@ -124,9 +136,9 @@ def build_data(task: str, spec: tuple, batch_size: int, seed: int, tiny: bool, f
     return getattr(zoo.data, name)(**kwargs)
 
 
-def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None) -> dict:
-    """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
-    model in, as a release folder (zoo.load reads it), for pictures of what it learned."""
+def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = None):
+    """One run's data, SequenceTask, budget and model size, and why it is not tested beyond its training
+    length (None: it is). lr: instead of the budget's."""
     import lightning as L
 
     from zoo.training.sequence import SequenceTask
@@ -150,6 +162,7 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
     L.seed_everything(seed, verbose=False)
     data = build_data(task, spec, budget["batch_size"], seed, tiny)
+    budget = {**budget, "lr": budget["lr"] if lr is None else lr}
     hyper = {k: budget[k] for k in ("lr", "warmup_steps", "weight_decay")}
     not_tested = None
     try:
@@ -160,12 +173,24 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
         not_tested = str(error)
         data = build_data(task, spec, budget["batch_size"], seed, tiny, full_lengths=False)
         module = SequenceTask(name, size, data.data_info, **hyper)
+    return data, module, budget, size, not_tested
+
+
+def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None, lr: float | None = None) -> dict:
+    """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
+    model in, as a release folder (zoo.load reads it), for pictures of what it learned; lr: instead of the
+    budget's."""
+    import lightning as L
+
+    data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr)
     trainer = L.Trainer(max_steps=budget["steps"], max_epochs=-1, limit_val_batches=0, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         accelerator="cpu")
     start = time.perf_counter()
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
+    validated = (TINY_TASKS if tiny else TASKS)[task][0] in VALIDATED
+    validation = module.evaluate(data.val_dataloader(), stage="val") if validated else None
     data.setup("test")
     metrics = module.evaluate(data.test_dataloader())
     if keep is not None:
@@ -174,7 +199,7 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
         save_pretrained(module.model, keep, extra={"metrics": metrics})
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
             "data": data.describe(),
-            "train_seconds": round(seconds, 1), "metrics": metrics,
+            "train_seconds": round(seconds, 1), "metrics": metrics, "validation": validation,
             "loss_by_position": module.position_loss.get("test"), "not_tested": not_tested}
 
 
@@ -182,13 +207,80 @@ def load(out: Path) -> dict:
     return json.loads(out.read_text()) if out.is_file() else {"runs": {}}
 
 
-def add_record(out: Path, key: str, record: dict, command: str = "python bench/capabilities.py") -> None:
-    """Put one run's record into the JSON: read, add, write, under a lock (runners may work side by side)."""
+def add_record(out: Path, key: str, record: dict, command: str = "python bench/capabilities.py",
+               section: str = "runs") -> None:
+    """Put one run's record into the JSON's `section` ("runs", or "sweep" for the learning-rate sweep's):
+    read, add, write, under a lock (runners may work side by side)."""
     with locked(out.stem):
         results = load(out)
-        results["runs"][key] = record
+        results.setdefault(section, {})[key] = record
         results.update({"command": command, "machine": machine()})
         write_text_atomic(out, json.dumps(results, indent=2))
+
+
+def seconds_per_step(task: str, model: str, steps: int = 4) -> float:
+    """The median wall time of one training step of a run, over `steps` steps after a first one (warm-up)."""
+    import lightning as L
+
+    data, module, *_ = prepare(task, model, 0, False)
+    ends = []
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, *args):
+            ends.append(time.perf_counter())
+
+    trainer = L.Trainer(max_steps=steps + 1, max_epochs=-1, limit_val_batches=0, logger=False, callbacks=[Clock()],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    trainer.fit(module, data)
+    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+
+def estimate(cells: list[tuple[str, str]]) -> list[dict]:
+    """Seconds per step and minutes per run of each (task, model), measured here, and the ratio to softmax
+    attention's (gpt-tiny, timed in the same run) on the same task: what a run would cost before it is run."""
+    rows = []
+    for task in dict.fromkeys(t for t, _ in cells):
+        baseline = seconds_per_step(task, "gpt-tiny")
+        for m in ["gpt-tiny", *(m for t, m in cells if t == task and m != "gpt-tiny")]:
+            step = baseline if m == "gpt-tiny" else seconds_per_step(task, m)
+            rows.append({"task": task, "model": m, "s per step": round(step, 3),
+                         "min per run": round(step * BUDGET["steps"] / 60, 1), "x gpt-tiny": round(step / baseline, 2)})
+    return rows
+
+
+def sweep_key(task: str, model: str, lr: float) -> str:
+    return f"{task}/{model}/0@{lr:g}"
+
+
+def chosen_lr(results: dict, task: str, model: str) -> float | None:
+    """A swept cell's learning rate: the best validation accuracy over SWEEP_LRS at seed 0 (ties: the lower
+    validation loss, then the smaller rate); None until every point of its sweep has run."""
+    points = [results.get("sweep", {}).get(sweep_key(task, model, lr)) for lr in SWEEP_LRS]
+    if None in points:
+        return None
+    best = max(points, key=lambda r: (r["validation"]["val/accuracy"], -r["validation"]["val/loss"], -r["lr"]))
+    return best["lr"]
+
+
+def wanted_lr(results: dict, task: str, model: str, default: float) -> float:
+    """The rate a cell's runs train at: its sweep's choice, else the budget's (`default`)."""
+    chosen = chosen_lr(results, task, model)
+    return default if chosen is None else chosen
+
+
+def sweep(out: Path, task: str, model: str, tiny: bool) -> None:
+    """Train seed 0 at every rate of SWEEP_LRS not yet run, then make the best on validation seed 0's run."""
+    for lr in SWEEP_LRS:
+        key = sweep_key(task, model, lr)
+        if key not in load(out).get("sweep", {}):
+            print(f"{key} ...", flush=True)
+            add_record(out, key, run_one(task, model, 0, tiny, lr=lr), section="sweep")
+    results = load(out)
+    chosen = chosen_lr(results, task, model)
+    scores = {f"{lr:g}": results["sweep"][sweep_key(task, model, lr)]["validation"]["val/accuracy"]
+              for lr in SWEEP_LRS}
+    add_record(out, f"{task}/{model}/0", {**results["sweep"][sweep_key(task, model, chosen)], "sweep": scores})
 
 
 def text_references(task: str, orders=(1, 2, 3, 4)) -> dict:
@@ -200,6 +292,100 @@ def text_references(task: str, orders=(1, 2, 3, 4)) -> dict:
     scored = data.val_tokens[: data.val_windows * data.context_length + 1]
     vocab = data.tokenizer.vocab_size
     return {f"{n}-gram": round(ngram_loss(data.train_tokens, scored, n, vocab), 4) for n in orders}
+
+
+def _cell(values: list[float], scale: float, digits: int) -> str:
+    """mean ± sample std (n - 1), or the one value."""
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean * scale:.{digits}f}"
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _by_cell(results: dict, task: str) -> dict[str, list[dict]]:
+    """The task's records grouped by model, each group in seed order."""
+    cells = {}
+    for record in sorted(results["runs"].values(), key=lambda r: r["seed"]):
+        if record["task"] == task:
+            cells.setdefault(record["model"], []).append(record)
+    return cells
+
+
+def _about(records: list[dict]) -> list[str]:
+    """The seeds, learning rate (marked when swept) and minutes per run of one cell."""
+    rates = sorted({f"{r['lr']:g}" for r in records})
+    swept = " (swept)" if any("sweep" in r for r in records) else ""
+    minutes = sum(r["train_seconds"] for r in records) / len(records) / 60
+    return [", ".join(str(r["seed"]) for r in records), " / ".join(rates) + swept, f"{minutes:.1f}"]
+
+
+TEXT_BUCKETS = ("8-16", "64-128", "512-1024")  # positions early, middle and late in a 1,024-token window
+
+
+def markdown(results: dict) -> dict[str, str]:
+    """The README's tables by name, one per task and "grid" for Zoology's grid, every figure from the JSON:
+    test accuracy in % (loss in nats per character for text) as mean ± sample std over the seeds run, the
+    seeds, the learning rate and minutes per run. Models in the suite's order; "-": not tested (learned
+    positions)."""
+    tables = {}
+    for task, (data_name, _) in TASKS.items():
+        cells = _by_cell(results, task)
+        models = [m for m in MODELS if m in cells]
+        if task in GRID_TASKS[1:] or not models:
+            continue
+        text = data_name == "LongContextText"
+        if text:
+            heads = ["loss", *(f"{lo}-{int(hi) - 1}" for lo, hi in (b.split("-") for b in TEXT_BUCKETS))]
+        else:
+            lengths_run = sorted({int(k.split("@")[1]) for m in models for r in cells[m] for k in r["metrics"]
+                                  if k.startswith("test/accuracy@")})
+            heads = [f"@{n}" for n in lengths_run] if len(lengths_run) > 1 else ["accuracy"]
+        lines = [f"| model | {' | '.join(heads)} | seeds | lr | min per run |", "|---" * (len(heads) + 4) + "|"]
+        for m in models:
+            records = cells[m]
+            if text:
+                values = [[r["metrics"]["test/loss"] for r in records]]
+                values += [[r["loss_by_position"][b] for r in records] for b in TEXT_BUCKETS]
+                shown = [_cell(v, 1.0, 3 if i == 0 else 2) for i, v in enumerate(values)]
+            else:
+                shown = [_cell([r["metrics"][f"test/accuracy@{n}"] for r in records
+                                if f"test/accuracy@{n}" in r["metrics"]], 100.0, 1) for n in lengths_run]
+            lines.append(f"| `{m}` | {' | '.join(shown)} | {' | '.join(_about(records))} |")
+        tables[task] = "\n".join(lines)
+    grid = {t: _by_cell(results, t) for t in GRID_TASKS}
+    rows = [(m, w) for m in GRID_MODELS for w in GRID_WIDTHS
+            if any(_grid_name(m, w) in grid[t] for t in GRID_TASKS[1:])]
+    if rows:
+        pairs = [TASKS[t][1]["num_pairs"] for t in GRID_TASKS]
+        lines = [f"| model | width | {' | '.join(f'{p} pairs' for p in pairs)} | seeds | lr | min per run |",
+                 "|---" * (len(pairs) + 5) + "|"]
+        for m, w in rows:
+            records = [grid[t].get(_grid_name(m, w), []) for t in GRID_TASKS]
+            shown = [_cell([r["metrics"]["test/accuracy"] for r in rs], 100.0, 1) for rs in records]
+            seeds, rates, minutes = (" / ".join(_about(rs)[i] if rs else "-" for rs in records) for i in range(3))
+            lines.append(f"| `{m}` | {w} | {' | '.join(shown)} | {seeds} | {rates} | {minutes} |")
+        tables["grid"] = "\n".join(lines)
+    return tables
+
+
+def fill_readme(text: str, tables: dict[str, str]) -> str:
+    """`text` with each table put between its markers, <!-- capabilities:NAME --> and <!-- /capabilities -->."""
+    for name, table in tables.items():
+        start = f"<!-- capabilities:{name} -->"
+        head, found, rest = text.partition(start)
+        if not found:
+            raise ValueError(f"README.md has no {start} marker for the {name} table: add one, and the closing "
+                             "<!-- /capabilities --> after it, where the table goes")
+        _, _, tail = rest.partition("<!-- /capabilities -->")
+        text = f"{head}{start}\n{table}\n<!-- /capabilities -->{tail}"
+    return text
+
+
+def _grid_name(model: str, width: int) -> str:
+    return model + ("" if width == SIZE["embed_dim"] else f":w{width}")
 
 
 def table(results: dict) -> None:
@@ -233,8 +419,17 @@ def main(argv=None):
     parser.add_argument("--references", metavar="TASK", choices=[t for t, (name, _) in TASKS.items()
                                                                   if name == "LongContextText"],
                         help="print n-gram references for a text task's test windows (warpeace, stdlib), run nothing")
+    parser.add_argument("--sweep", action="store_true",
+                        help=f"choose each cell's learning rate: seed 0 at {', '.join(f'{lr:g}' for lr in SWEEP_LRS)}, "
+                             "the best on validation kept as seed 0's run (later seeds: run without --sweep)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="time a few training steps of each selected run and print minutes per run, against "
+                             "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
+    parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
+                        "its <!-- capabilities:TASK --> and <!-- /capabilities --> markers")
     args = parser.parse_args(argv)
     if args.references:
         try:
@@ -244,11 +439,24 @@ def main(argv=None):
         print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
         return
     out = args.out or (TINY_OUT if args.tiny else OUT)
-    seeds = args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
+    if args.markdown or args.readme:
+        tables = markdown(load(out))
+        if args.readme:
+            try:
+                write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables))
+            except (OSError, ValueError) as error:
+                parser.error(str(error))
+        else:
+            print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
+        return
+    if args.sweep and args.seeds not in (None, [0]):
+        parser.error(f"--sweep runs seed 0 only, got --seeds {' '.join(map(str, args.seeds))}: later seeds train "
+                     "at the rate it chose, run them without --sweep")
+    seeds = [0] if args.sweep else args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
     if args.grid and (args.models or args.tiny):
         parser.error("--grid runs its own models and sizes: narrow it with --only, e.g. --only 'mqar_p8/*'")
     if args.grid:
-        models = [m + ("" if w == SIZE["embed_dim"] else f":w{w}") for m in GRID_MODELS for w in GRID_WIDTHS]
+        models = [_grid_name(m, w) for m in GRID_MODELS for w in GRID_WIDTHS]
         tasks = GRID_TASKS
     else:  # the grid's extra tasks only with --grid
         models = args.models or list(MODELS)
@@ -257,21 +465,57 @@ def main(argv=None):
     if not runs and not args.table:
         parser.error(f"--only {args.only!r} matches no run of these tasks, models and seeds (keys are "
                      "task/model/seed, e.g. 'mqar/gpt-tiny/0'; --list shows them)")
-    done = load(out)["runs"]
+    default_lr = (TINY_BUDGET if args.tiny else BUDGET)["lr"]
+    specs = TINY_TASKS if args.tiny else TASKS
+    if args.sweep:
+        unswept = sorted({t for t, _, _ in runs if specs[t][0] not in VALIDATED})
+        runs = [(t, m, s) for t, m, s in runs if specs[t][0] in VALIDATED]
+        if not runs:
+            parser.error(f"--sweep chooses on a validation split, which {', '.join(unswept)} do not have (their "
+                         "held-out text is their test text)")
+        if unswept:
+            print(f"not swept (no validation split): {', '.join(unswept)}")
+
+    def status(results: dict, t: str, m: str, s: int) -> str:
+        """done, to run, or to run again: a record at another rate than the cell's sweep chose."""
+        record, lr = results["runs"].get(f"{t}/{m}/{s}"), wanted_lr(results, t, m, default_lr)
+        if args.sweep:
+            return "done" if chosen_lr(results, t, m) is not None and record and "sweep" in record else "to sweep"
+        if record is None:
+            return "to run"
+        if record["lr"] == lr or (s == 0 and "sweep" in record):  # a sweep's seed 0 stands until a sweep redoes it
+            return "done"
+        return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
+
+    if args.estimate:
+        if args.tiny:
+            parser.error("--estimate times the real runs' steps: leave out --tiny")
+        torch.set_num_threads(1)
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        rows = estimate(list(dict.fromkeys((t, m) for t, m, _ in runs)))
+        print_table(f"capabilities: minutes per run of {BUDGET['steps']} steps, estimated from "
+                    "the median of 4 steps, one thread", rows, list(rows[0]))
+        write_json("capabilities_estimate", {"rows": rows})
+        return
     if args.list:
+        results = load(out)
         for t, m, s in runs:
-            print(f"{t}/{m}/{s}: {'done' if f'{t}/{m}/{s}' in done else 'to run'}")
+            print(f"{t}/{m}/{s}: {status(results, t, m, s)}")
         return
     if not args.table:
         torch.set_num_threads(1)
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         for t, m, s in runs:
             key = f"{t}/{m}/{s}"
-            if key in load(out)["runs"]:
+            results = load(out)
+            if status(results, t, m, s) == "done":
                 continue
-            print(f"{key} ...", flush=True)
             try:
-                record = run_one(t, m, s, args.tiny)
+                if args.sweep:
+                    sweep(out, t, m, args.tiny)
+                    continue
+                print(f"{key} ...", flush=True)
+                record = run_one(t, m, s, args.tiny, lr=wanted_lr(results, t, m, default_lr))
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)

@@ -40,7 +40,8 @@ OUT = RESULTS / "long_context.json"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ZOO_DATA", ROOT.parent / "shared" / "data"))
 TEXT = DATA / "warpeace" / "warpeace_input.txt"
-RELEASES = ("gpt-tiny.warpeace", "micro-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
+RELEASES = ("gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "micro-gpt-tiny.warpeace",
+            "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
             "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi", "hybrid-elita-gpt-tiny.warpeace",
             "hybrid-micro-conv-gpt-tiny.warpeace")
 USES, KEEPS = 0.15, 0.05  # the margins

@@ -11,6 +11,7 @@ and every task runs once end to end.
 import json
 import math
 import random
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -457,6 +458,108 @@ def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_pa
     with pytest.raises(SystemExit):  # a pattern that matches nothing says so, rather than running nothing
         capabilities.main(["--grid", "--only", "mqar_p9/*", "--list", "--out", str(out)])
     assert "--only 'mqar_p9/*' matches no run" in capsys.readouterr().err
+
+
+def _record(task, model, seed, accuracy, lr=1e-3, seconds=60.0, **extra):
+    """A hand-made capability record: test accuracy at the training length 64 and at 128."""
+    metrics = {"test/accuracy@64": accuracy, "test/accuracy": accuracy, "test/accuracy@128": accuracy / 2}
+    return {"task": task, "model": model, "seed": seed, "lr": lr, "train_seconds": seconds, "metrics": metrics,
+            **extra}
+
+
+def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(tmp_path, capsys, monkeypatch):
+    from bench import capabilities
+
+    assert capabilities.SWEEP_LRS == (3e-4, 1e-3, 3e-3, 1e-2)
+    sweep = {capabilities.sweep_key("mqar", "m", lr): {"lr": lr, "validation": {"val/accuracy": acc, "val/loss": loss}}
+             for lr, acc, loss in [(3e-4, 0.5, 1.0), (1e-3, 0.7, 0.9), (3e-3, 0.7, 0.8), (1e-2, 0.6, 0.5)]}
+    assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") == 3e-3  # a tie on accuracy: the lower loss
+    del sweep[capabilities.sweep_key("mqar", "m", 3e-4)]
+    assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") is None  # a sweep not finished chooses nothing
+    # end to end on the tiny task: three seed-0 runs, the best on validation becomes seed 0's run
+    out = tmp_path / "capabilities.json"
+    base = ["--tiny", "--only", "mqar/*", "--models", "micro-gpt-tiny", "--out", str(out)]
+    capabilities.main([*base, "--sweep"])
+    results = json.loads(out.read_text())
+    points = {r["lr"]: r["validation"]["val/accuracy"] for r in results["sweep"].values()}
+    assert sorted(points) == sorted(capabilities.SWEEP_LRS)
+    best = max(points, key=lambda lr: (points[lr], -results["sweep"][capabilities.sweep_key(
+        "mqar", "micro-gpt-tiny", lr)]["validation"]["val/loss"], -lr))
+    seed0 = results["runs"]["mqar/micro-gpt-tiny/0"]
+    assert seed0["lr"] == best and seed0["sweep"] == {f"{lr:g}": a for lr, a in points.items()}
+    # a seed-1 record at another rate than the sweep chose is stale: listed, then run again at the chosen one
+    other = next(lr for lr in capabilities.SWEEP_LRS if lr != best)
+    capabilities.add_record(out, "mqar/micro-gpt-tiny/1", {**seed0, "seed": 1, "lr": other})
+    capabilities.main([*base, "--seeds", "1", "--list"])
+    assert f"to run again at lr {best:g}" in capsys.readouterr().out
+    capabilities.main([*base, "--seeds", "1"])
+    assert json.loads(out.read_text())["runs"]["mqar/micro-gpt-tiny/1"]["lr"] == best
+    # a sweep's seed 0 is not run again by a plain run, even when the sweep's rates change
+    monkeypatch.setattr(capabilities, "SWEEP_LRS", (*capabilities.SWEEP_LRS, 0.1))
+    capabilities.main([*base, "--seeds", "0", "--list"])
+    assert "mqar/micro-gpt-tiny/0: done" in capsys.readouterr().out
+    capabilities.main([*base, "--sweep", "--list"])  # the sweep itself has a point left to run
+    assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
+    for argv, message in [(["--sweep", "--seeds", "1"], "--sweep runs seed 0 only"),
+                          (["--sweep", "--only", "stdlib/*"], "which stdlib do not have")]:
+        with pytest.raises(SystemExit):
+            capabilities.main(["--tiny", "--out", str(out), *argv])
+        assert message in capsys.readouterr().err
+
+
+def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path, monkeypatch, capsys):
+    import bench.common
+    from bench import capabilities
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    out = tmp_path / "capabilities.json"
+    capabilities.main(["--estimate", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "--out", str(out)])
+    rows = json.loads((tmp_path / "capabilities_estimate.json").read_text())["rows"]
+    assert [(r["task"], r["model"]) for r in rows] == [("mqar", "gpt-tiny"), ("mqar", "micro-gpt-tiny")]
+    assert rows[0]["x gpt-tiny"] == 1.0 and all(r["s per step"] > 0 for r in rows)
+    micro = rows[1]  # minutes per run: the budget's steps at the measured rate
+    assert micro["min per run"] == pytest.approx(micro["s per step"] * capabilities.BUDGET["steps"] / 60, abs=0.1)
+    assert not out.exists()  # nothing trained, nothing recorded
+    with pytest.raises(SystemExit):
+        capabilities.main(["--estimate", "--tiny", "--out", str(out)])
+    assert "leave out --tiny" in capsys.readouterr().err
+
+
+def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
+    from bench import capabilities
+
+    runs = [_record("mqar", "gpt-tiny", 0, 0.9, seconds=60), _record("mqar", "gpt-tiny", 1, 1.0, seconds=120),
+            _record("mqar", "micro-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),
+            _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75)]
+    tables = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})
+    assert set(tables) == {"mqar", "grid"}  # a table per task run, and the grid's
+    mqar, grid = tables["mqar"].splitlines(), tables["grid"].splitlines()
+    # 0.9 and 1.0: mean 95.0, sample std sqrt(0.005) = 7.07 points; at 128: 47.5 ± 3.5
+    assert mqar[2] == "| `gpt-tiny` | 95.0 ± 7.1 | 47.5 ± 3.5 | 0, 1 | 0.001 | 1.5 |"
+    assert mqar[3] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
+    # the grid: a row per model and width, pairs across; a cell not run is "-"
+    assert grid[2:] == [
+        "| `gpt-tiny` | 64 | 95.0 ± 7.1 | 50.0 | - | 0, 1 / 0 / - | 0.001 / 0.001 / - | 1.5 / 1.0 / - |",
+        "| `gpt-tiny` | 128 | - | 75.0 | - | - / 0 / - | - / 0.001 / - | - / 1.0 / - |"]
+    # into a README between its markers, replacing what was there; a missing marker is named
+    readme = ("a\n<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\nb\n"
+              "<!-- capabilities:grid -->\n<!-- /capabilities -->")
+    filled = capabilities.fill_readme(readme, tables)
+    assert filled == (f"a\n<!-- capabilities:mqar -->\n{tables['mqar']}\n<!-- /capabilities -->\nb\n"
+                      f"<!-- capabilities:grid -->\n{tables['grid']}\n<!-- /capabilities -->")
+    assert capabilities.fill_readme(filled, tables) == filled
+    with pytest.raises(ValueError, match="no <!-- capabilities:grid --> marker"):
+        capabilities.fill_readme("a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->", tables)
+
+
+def test_readme_capability_tables_are_the_jsons():
+    """Every figure in the README's capability tables comes from bench/results/capabilities.json: putting the
+    JSON's tables into the README (`python bench/capabilities.py --readme README.md`) changes nothing."""
+    from bench import capabilities
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    tables = capabilities.markdown(capabilities.load(capabilities.OUT))
+    assert capabilities.fill_readme(readme, tables) == readme, "run: python bench/capabilities.py --readme README.md"
 
 
 def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch,

@@ -171,15 +171,16 @@ class SequenceTask(L.LightningModule):
             self.log_dict(metrics, sync_dist=True)
 
     @torch.no_grad()
-    def evaluate(self, loaders) -> dict:
-        """The test measures over a loader or a list of them (one per test length, as the data gives them)."""
+    def evaluate(self, loaders, stage: str = "test") -> dict:
+        """The measures over a loader or a list of them (one per test length, as the data gives them), named
+        `stage`/measure: "test", or "val" for the validation loader."""
         was_training = self.training
         self.eval()
         for index, loader in enumerate(loaders if isinstance(loaders, (list, tuple)) else [loaders]):
             for x, y in loader:
-                self._accumulate("test", index, (x.to(self.device), y.to(self.device)))
+                self._accumulate(stage, index, (x.to(self.device), y.to(self.device)))
         self.train(was_training)
-        return {k: round(v, 5) for k, v in self._summary("test").items()}
+        return {k: round(v, 5) for k, v in self._summary(stage).items()}
 
     def configure_optimizers(self):
         h = self.hparams
