@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import statistics
 import sys
@@ -176,16 +177,22 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
     return data, module, budget, size, not_tested
 
 
+def _trainer(steps: int, callbacks=()):
+    """A quiet CPU Trainer for `steps` optimizer steps: no validation, logger, checkpoints or progress bar."""
+    import lightning as L
+
+    return L.Trainer(max_steps=steps, max_epochs=-1, limit_val_batches=0, logger=False, callbacks=list(callbacks),
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     accelerator="cpu")
+
+
 def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None, lr: float | None = None) -> dict:
     """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
     model in, as a release folder (zoo.load reads it), for pictures of what it learned; lr: instead of the
     budget's."""
-    import lightning as L
 
     data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr)
-    trainer = L.Trainer(max_steps=budget["steps"], max_epochs=-1, limit_val_batches=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu")
+    trainer = _trainer(budget["steps"])
     start = time.perf_counter()
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
@@ -229,10 +236,7 @@ def seconds_per_step(task: str, model: str, steps: int = 4) -> float:
         def on_train_batch_end(self, *args):
             ends.append(time.perf_counter())
 
-    trainer = L.Trainer(max_steps=steps + 1, max_epochs=-1, limit_val_batches=0, logger=False, callbacks=[Clock()],
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu")
-    trainer.fit(module, data)
+    _trainer(steps + 1, [Clock()]).fit(module, data)
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
 
@@ -259,8 +263,12 @@ def chosen_lr(results: dict, task: str, model: str) -> float | None:
     points = [results.get("sweep", {}).get(sweep_key(task, model, lr)) for lr in SWEEP_LRS]
     if None in points:
         return None
-    best = max(points, key=lambda r: (r["validation"]["val/accuracy"], -r["validation"]["val/loss"], -r["lr"]))
-    return best["lr"]
+
+    def rank(record: dict) -> tuple:
+        loss = record["validation"]["val/loss"]  # a run that diverged (NaN or inf) loses every tie
+        return record["validation"]["val/accuracy"], -loss if math.isfinite(loss) else -math.inf, -record["lr"]
+
+    return max(points, key=rank)["lr"]
 
 
 def wanted_lr(results: dict, task: str, model: str, default: float) -> float:
@@ -348,7 +356,8 @@ def markdown(results: dict) -> dict[str, str]:
             records = cells[m]
             if text:
                 values = [[r["metrics"]["test/loss"] for r in records]]
-                values += [[r["loss_by_position"][b] for r in records] for b in TEXT_BUCKETS]
+                values += [[r["loss_by_position"][b] for r in records if b in r["loss_by_position"]]
+                           for b in TEXT_BUCKETS]  # a window shorter than a bucket leaves it "-"
                 shown = [_cell(v, 1.0, 3 if i == 0 else 2) for i, v in enumerate(values)]
             else:
                 shown = [_cell([r["metrics"][f"test/accuracy@{n}"] for r in records

@@ -474,6 +474,8 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
     sweep = {capabilities.sweep_key("mqar", "m", lr): {"lr": lr, "validation": {"val/accuracy": acc, "val/loss": loss}}
              for lr, acc, loss in [(3e-4, 0.5, 1.0), (1e-3, 0.7, 0.9), (3e-3, 0.7, 0.8), (1e-2, 0.6, 0.5)]}
     assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") == 3e-3  # a tie on accuracy: the lower loss
+    sweep[capabilities.sweep_key("mqar", "m", 1e-3)]["validation"]["val/loss"] = math.nan
+    assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") == 3e-3  # a diverged run loses the tie
     del sweep[capabilities.sweep_key("mqar", "m", 3e-4)]
     assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") is None  # a sweep not finished chooses nothing
     # end to end on the tiny task: three seed-0 runs, the best on validation becomes seed 0's run
@@ -550,6 +552,23 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert capabilities.fill_readme(filled, tables) == filled
     with pytest.raises(ValueError, match="no <!-- capabilities:grid --> marker"):
         capabilities.fill_readme("a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->", tables)
+    # a text window shorter than a bucket leaves that bucket "-" (the tiny suite's 64 characters)
+    text = {**_record("stdlib", "micro-gpt-tiny", 0, 0.0), "metrics": {"test/loss": 2.5},
+            "loss_by_position": {"8-16": 2.25, "32-64": 2.0}}
+    stdlib = capabilities.markdown({"runs": {"stdlib/micro-gpt-tiny/0": text}})["stdlib"].splitlines()
+    assert stdlib[2] == "| `micro-gpt-tiny` | 2.500 | 2.25 | - | - | 0 | 0.001 | 1.0 |"
+
+
+def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_path, capsys):
+    from bench import capabilities
+
+    plain = tmp_path / "README.md"
+    plain.write_text("# someone else's README\n")
+    for readme, message in [(plain, "has no <!-- capabilities:"), (tmp_path / "absent.md", "No such file")]:
+        with pytest.raises(SystemExit):
+            capabilities.main(["--readme", str(readme)])
+        assert message in capsys.readouterr().err
+    assert plain.read_text() == "# someone else's README\n"  # untouched
 
 
 def test_readme_capability_tables_are_the_jsons():
