@@ -90,6 +90,18 @@ def test_opcheck_elita_scan(value_dtype):
     torch.library.opcheck(native.elita_scan, tuple(a.requires_grad_() for a in args))
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_opcheck_incontext_bias(causal):
+    needs_kernels()
+    b, h, n, positions = 2, 3, 6, 4
+    gates = torch.rand(b, n, h).transpose(1, 2)  # transposed views, as the layer passes them
+    ends = gates.cumsum(-1)
+    queries = n - 2 if causal else n
+    tables = torch.randn(b, queries, h, positions).transpose(1, 2)
+    args = (ends[..., n - queries:], ends - gates, tables)
+    torch.library.opcheck(native.incontext_bias, (*(a.detach().requires_grad_() for a in args), causal))
+
+
 def test_ops_match_the_eager_routes():
     """The operators give the eager routes' numbers and gradients (the references of test_attention.py)."""
     needs_kernels()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import zoo.attention as A
-from zoo.attention import InContextAttention, InContextState
+from zoo.attention import InContextAttention, InContextState, native
 
 
 def reference(layer, x, key_padding_mask=None, causal=None, extra=None):
@@ -268,6 +268,101 @@ def test_previous_token_copying_needs_the_positions():
         assert accuracy(False) < 0.5
     finally:
         torch.set_num_threads(threads)
+
+
+# ---- the compiled bias (csrc/incontext_bias.cpp) ---------------------------------------------------
+
+
+def needs_kernels():
+    if native.load() is None:
+        pytest.skip("the compiled kernels could not be built here")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("gate_bias", [0.0, 3.0])  # 3: most counts lie beyond the table's last entry
+def test_the_compiled_bias_matches_the_float64_reference(causal, padded, gate_bias):
+    """float32 on the CPU takes the kernel; the reference is the float64 loop above."""
+    needs_kernels()
+    layer = make(heads=3, causal=causal)
+    with torch.no_grad():
+        layer.gate.bias.fill_(gate_bias)
+    x = torch.randn(3, 7, 12, dtype=torch.float64)
+    mask = MASK if padded else None
+    expected, bias = reference(layer, x, mask)
+    layer = layer.float()
+    torch.testing.assert_close(layer(x.float(), mask).double(), expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.position_bias(x.float(), mask).double(), bias, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal,queries", [(True, 53), (True, 20), (False, 53)])
+@pytest.mark.parametrize("positions", [1, 5, 64])
+def test_the_compiled_bias_matches_its_formula_on_long_rows(causal, queries, positions):
+    """Rows longer than a vector (the kernel's vectorized loop and its tail) against the formula in float64:
+    p_ij = clamp(c_i - c_{j-1}, 0, P - 1) (c_j - c_{i-1} for a later key), lerp between floor p and the next
+    entry; queries at the end of 53 keys; causal: -inf at later keys."""
+    needs_kernels()
+    torch.manual_seed(0)
+    keys = 53
+    gates = torch.rand(2, 3, keys) * 2  # counts cross integers and the table's end
+    gates[0, 1, 10] = 0  # a padded token: its own count is exactly 0
+    ends = gates.cumsum(-1)
+    starts = ends - gates
+    tables = torch.randn(2, 3, queries, positions)
+    got = native.incontext_bias(ends[..., keys - queries:], starts, tables, causal).double()
+    c, s, t = ends.double(), starts.double(), tables.double()
+    for i in range(queries):
+        row = keys - queries + i  # the query's own key
+        for j in range(keys):
+            if j > row and causal:
+                assert (got[..., i, j] == -math.inf).all()
+                continue
+            count = c[..., row] - s[..., j] if j <= row else c[..., j] - s[..., row]
+            p = count.clamp(0, positions - 1)
+            low = p.floor()
+            high = (low + 1).clamp(max=positions - 1)
+            want = (t[..., i, :].gather(-1, low.long()[..., None]) * (1 - (p - low))[..., None]
+                    + t[..., i, :].gather(-1, high.long()[..., None]) * (p - low)[..., None])[..., 0]
+            torch.testing.assert_close(got[..., i, j], want, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_compiled_bias_has_the_eager_routes_gradients(causal):
+    """The kernel's backward against autograd through the eager route, for the input and every parameter,
+    with padding (a padded token's own count is exactly 0, where torch.clamp's gradient is 0)."""
+    needs_kernels()
+    layer = make(dim=16, heads=2, causal=causal, num_positions=6, dtype=torch.float32)
+    x = torch.randn(3, 40, 16)  # longer than a vector: the kernel's vectorized loop runs
+    target = torch.randn(3, 40, 16)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[1, :9] = mask[2, 30:] = mask[2, 4] = False
+
+    def gradients():
+        inputs = x.clone().requires_grad_()
+        layer.zero_grad()
+        ((layer(inputs, mask) - target) ** 2).sum().backward()
+        return [inputs.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    fast = gradients()
+    with native.eager_routes():
+        eager = gradients()
+    for got, want in zip(fast, eager):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert layer.gate.weight.grad.abs().max() > 1e-3  # the counts do carry a gradient
+
+
+def test_the_compiled_bias_decodes_as_the_eager_route():
+    """`step` with a cache (queries at the end of the keys, the later keys masked) on both routes."""
+    needs_kernels()
+    layer = make(dim=16, heads=2, dtype=torch.float32)
+    x = torch.randn(2, 9, 16)
+    out, state = layer.step(x[:, :4])
+    fast = [out, layer.step(x[:, 4:], state)[0]]
+    with native.eager_routes():
+        out, state = layer.step(x[:, :4])
+        eager = [out, layer.step(x[:, 4:], state)[0]]
+    for got, want in zip(fast, eager):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 # ---- bad input -----------------------------------------------------------------------------------

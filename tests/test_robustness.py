@@ -7,6 +7,7 @@ crash, a lost file or a silently wrong number.
 """
 
 import json
+import math
 import random
 import signal
 import subprocess
@@ -291,6 +292,35 @@ def test_elita_scan_kernel_refuses_mismatched_tensors():
         k.elita_scan_forward(good[0].int(), *good[1:])
     with pytest.raises(ValueError, match="softmax_one_lastdim: x must be Float"):
         k.softmax_one_lastdim(torch.randn(3, 4, dtype=torch.float64))
+
+
+def test_incontext_bias_kernel_refuses_mismatched_tensors():
+    k = kernels()
+    b, h, n, positions = 2, 3, 5, 4
+    good = [torch.rand(b, h, n), torch.rand(b, h, n), torch.randn(b, h, n, positions)]
+    bias = k.incontext_bias_forward(*good, True)
+    for i, tensor in enumerate([torch.rand(b, h + 1, n), torch.rand(b + 1, h, n), torch.randn(b, h, n, positions)[0]]):
+        args = list(good)
+        args[i] = tensor
+        with pytest.raises(ValueError, match=r"incontext_bias_forward: \w+ must have"):
+            k.incontext_bias_forward(*args, True)
+    with pytest.raises(ValueError, match="at least as long as ends"):
+        k.incontext_bias_forward(good[0], torch.rand(b, h, 3), good[2], True)
+    with pytest.raises(ValueError, match="as many keys as queries, got 5 keys and 3 queries"):
+        k.incontext_bias_forward(torch.rand(b, h, 3), good[1], torch.randn(b, h, 3, positions), False)
+    with pytest.raises(ValueError, match="must be Float"):
+        k.incontext_bias_forward(good[0].double(), *good[1:], True)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        k.incontext_bias_forward(*good[:2], good[2].transpose(1, 2).contiguous().transpose(1, 2), True)
+    k.incontext_bias_backward(torch.randn_like(bias), *good, True)
+    # NaN gate sums (NaN activations) give NaN, never an index outside the table (rows longer than a vector too)
+    ends, starts = torch.full((b, h, 40), math.nan), torch.rand(b, h, 40)
+    bias = k.incontext_bias_forward(ends, starts, torch.randn(b, h, 40, positions), False)
+    assert bias.isnan().all()
+    grads = k.incontext_bias_backward(torch.ones_like(bias), ends, starts, torch.randn(b, h, 40, positions), False)
+    assert grads[2].isnan().any()
+    with pytest.raises(ValueError, match="incontext_bias_backward: grad must have shape"):
+        k.incontext_bias_backward(torch.randn(b, h, n, n + 1), *good, True)
 
 
 # The route fixture is set once per test and is the same for every example: nothing to reset.

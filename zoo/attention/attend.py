@@ -184,6 +184,8 @@ def attend(
             k, v = _prepend_zero(k), _prepend_zero(v)
         return _sdpa(q, k, v, dropout_p=dropout_p, is_causal=causal)
 
+    if bias is not None and key_padding_mask is None and attn_mask is None and not causal and not quiet:
+        return _sdpa(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)  # nothing to mask: the bias is all
     allowed = allowed_keys(lq, lk, q.device, causal, key_padding_mask, attn_mask)
     if quiet:
         k, v = _prepend_zero(k), _prepend_zero(v)

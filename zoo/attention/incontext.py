@@ -26,6 +26,10 @@ gates sigmoid(q_i . k_t) depend on the query: an L x L gate matrix and a cumulat
 Ours depend on the token alone, so the positions cost one cumulative sum (O(L)) and decoding carries a
 running sum; the price is that every query counts the same tokens. The bias matrix itself is (L x L) per
 head, as CoPE's is, and goes into PyTorch's SDPA as a float attn_mask (attend.py).
+
+On the CPU in float32 the bias comes from a compiled kernel (csrc/incontext_bias.cpp, see native.py) that
+writes it in one pass and reads its gradient in one; the eager route below (`_positions`, `_interpolate`)
+makes about thirty passes over (B, H, L, L) tensors between them and computes the same numbers.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import zoo.attention.native as native
 from zoo.attention.attend import attend, autocast_off, check_attn_mask
 from zoo.utils.checks import (
     check_heads,
@@ -168,9 +173,19 @@ class InContextAttention(nn.Module):
         key_padding_mask = check_padding_mask(key_padding_mask, x, owner)
         return zero_padding(x, key_padding_mask), key_padding_mask
 
-    def _bias(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-        """interp(B_i, p_ij) of checked, zeroed tokens."""
-        return self._interpolate(self._tables(x), self._positions(self._gates(x, key_padding_mask)))
+    def _bias(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        """interp(B_i, p_ij) of checked, zeroed tokens; causal: -inf at the keys after each query, so that the
+        bias is the causal mask too (and the attention need not apply one)."""
+        tables, gates = self._tables(x), self._gates(x, key_padding_mask)
+        if native.usable(tables, (torch.float32,)):
+            ends = gates.cumsum(-1)  # csrc/incontext_bias.cpp: one pass, no (L x L) intermediates
+            return native.incontext_bias(ends, ends - gates, tables, causal)
+        bias = self._interpolate(tables, self._positions(gates))
+        if causal:
+            n = x.shape[1]
+            later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+            bias = bias.masked_fill(later, float("-inf"))
+        return bias
 
     @staticmethod
     def _positions(gates: torch.Tensor) -> torch.Tensor:
@@ -225,8 +240,8 @@ class InContextAttention(nn.Module):
         attn_mask = check_attn_mask(attn_mask, x.shape[0], self.heads, n, n, x.device, owner)
         x = zero_padding(x, key_padding_mask)
         q, k, v = self._split_heads(x)
-        bias = self._bias(x, key_padding_mask)
-        out = attend(q, k, v, causal=causal, key_padding_mask=key_padding_mask, bias=bias,
+        bias = self._bias(x, key_padding_mask, causal)  # causal: the bias masks the later keys itself
+        out = attend(q, k, v, key_padding_mask=key_padding_mask, bias=bias,
                      dropout_p=self.dropout if self.training else 0.0, attn_mask=attn_mask)
         return zero_padding(self._merge_heads(out), key_padding_mask)
 
@@ -268,9 +283,12 @@ class InContextAttention(nn.Module):
                 old = state.mask if state.mask is not None else x.new_ones(b, state.keys.shape[-2], dtype=torch.bool)
                 new = mask if mask is not None else x.new_ones(x.shape[:2], dtype=torch.bool)
                 mask = torch.cat([old, new], 1)
-        # queries sit at the end of the keys; keys after a query are masked, their positions clamped to 0
-        positions = (ends[..., :, None] - starts[..., None, :]).clamp(min=0)
-        bias = self._interpolate(self._tables(x), positions)
+        # queries sit at the end of the keys; `attend` masks the keys after a query, whatever their entries
+        tables = self._tables(x)
+        if native.usable(tables, (torch.float32,)):
+            bias = native.incontext_bias(ends, starts, tables, True)
+        else:
+            bias = self._interpolate(tables, (ends[..., :, None] - starts[..., None, :]).clamp(min=0))
         out = attend(q, k, v, causal=x.shape[1] > 1, key_padding_mask=mask, bias=bias)
         state = InContextState(k, v, starts, ends[..., -1].clone() if x.shape[1] else total, mask)
         return zero_padding(self._merge_heads(out), key_padding_mask), state

@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp", "elita_scan.cpp")]
+           for name in ("bindings.cpp", "softmax_one.cpp", "micro_scan.cpp", "elita_scan.cpp", "incontext_bias.cpp")]
 
 # Compile for the vector width PyTorch itself dispatches to on this CPU, so that
 # at::vec::Vectorized and its exp are the ones PyTorch's own kernels use.
@@ -115,7 +115,8 @@ def load() -> ModuleType | None:
     except Exception as error:  # no compiler, no ninja, a read-only cache: all mean "stay eager"
         warnings.warn(
             f"zoo could not build its compiled CPU kernels ({type(error).__name__}: {str(error)[:300]}); "
-            "softmax_one, causal MicroAttention and ELiTA run on their eager routes (the same numbers, slower). "
+            "softmax_one, causal MicroAttention, ELiTA and the in-context bias run on their eager routes (the same "
+            "numbers, slower). "
             "Install a C++ compiler to get the kernels, or set ZOO_NATIVE=0 to silence this.",
             RuntimeWarning,
             stacklevel=2,
@@ -267,3 +268,43 @@ def _elita_scan_grads(ctx, gy, gA, gM):
 
 elita_scan.register_autograd(_elita_scan_grads,
                              setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+
+@torch.library.custom_op("zoo::incontext_bias", mutates_args=())
+def incontext_bias(ends: torch.Tensor, starts: torch.Tensor, tables: torch.Tensor, causal: bool) -> torch.Tensor:
+    """InContextAttention's position bias (csrc/incontext_bias.cpp): the gate sums at the queries, ends
+    (B, H, Lq), and before the keys, starts (B, H, Lk), and the tables (B, H, Lq, P), all float32 ->
+    interp(T_i, p_ij) (B, H, Lq, Lk); queries at the end of the keys; causal: -inf at later keys."""
+    return load().incontext_bias_forward(*_contiguous(ends, starts, tables), causal)
+
+
+@incontext_bias.register_fake
+def _(ends, starts, tables, causal):
+    return tables.new_empty(*ends.shape, starts.shape[-1])
+
+
+@torch.library.custom_op("zoo::incontext_bias_backward", mutates_args=())
+def incontext_bias_backward(grad: torch.Tensor, ends: torch.Tensor, starts: torch.Tensor, tables: torch.Tensor,
+                            causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g_ends, g_starts, g_tables = load().incontext_bias_backward(*_contiguous(grad, ends, starts, tables), causal)
+    return g_ends, g_starts, g_tables
+
+
+@incontext_bias_backward.register_fake
+def _(grad, ends, starts, tables, causal):
+    # contiguous, as the kernel makes them: the layer passes transposed views of the gates and tables
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (ends, starts, tables))
+
+
+def _incontext_bias_setup(ctx, inputs, output):
+    ends, starts, tables, ctx.causal = inputs
+    ctx.save_for_backward(ends, starts, tables)
+
+
+def _incontext_bias_grads(ctx, grad):
+    ends, starts, tables = ctx.saved_tensors
+    return (*incontext_bias_backward(_grad(grad, ends.new_empty(*ends.shape, starts.shape[-1])), ends, starts,
+                                     tables, ctx.causal), None)
+
+
+incontext_bias.register_autograd(_incontext_bias_grads, setup_context=_incontext_bias_setup)

@@ -20,6 +20,10 @@ std::vector<at::Tensor> elita_scan_backward(const at::Tensor& gy, const at::Tens
                                             const at::Tensor& gM_last, const at::Tensor& l,
                                             const at::Tensor& r, const at::Tensor& v,
                                             const at::Tensor& A0, const at::Tensor& M0);
+at::Tensor incontext_bias_forward(const at::Tensor& ends, const at::Tensor& starts, const at::Tensor& tables,
+                                  bool causal);
+std::vector<at::Tensor> incontext_bias_backward(const at::Tensor& grad, const at::Tensor& ends,
+                                                const at::Tensor& starts, const at::Tensor& tables, bool causal);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_one_lastdim", &softmax_one_lastdim, "softmax_one along the last dimension");
@@ -27,4 +31,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("micro_scan_backward", &micro_scan_backward, "MicroAttention's causal running mean, backward");
   m.def("elita_scan_forward", &elita_scan_forward, "ELiTA's log-space running mean and gate, forward");
   m.def("elita_scan_backward", &elita_scan_backward, "ELiTA's log-space running mean and gate, backward");
+  m.def("incontext_bias_forward", &incontext_bias_forward, "InContextAttention's position bias, forward");
+  m.def("incontext_bias_backward", &incontext_bias_backward, "InContextAttention's position bias, backward");
 }
