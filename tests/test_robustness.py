@@ -319,6 +319,12 @@ def test_incontext_bias_kernel_refuses_mismatched_tensors():
     assert bias.isnan().all()
     grads = k.incontext_bias_backward(torch.ones_like(bias), ends, starts, torch.randn(b, h, 40, positions), False)
     assert grads[2].isnan().any()
+    # infinite counts read the table's ends: +inf its last entry, -inf its first
+    tables = torch.randn(b, h, 40, positions)
+    bias = k.incontext_bias_forward(torch.full((b, h, 40), math.inf), starts, tables, False)
+    assert torch.equal(bias[..., :, 0], tables[..., -1])
+    bias = k.incontext_bias_forward(torch.full((b, h, 40), -math.inf), starts, tables, True)
+    assert torch.equal(bias[..., :, 0], tables[..., 0])
     with pytest.raises(ValueError, match="incontext_bias_backward: grad must have shape"):
         k.incontext_bias_backward(torch.randn(b, h, n, n + 1), *good, True)
 

@@ -303,8 +303,9 @@ def _incontext_bias_setup(ctx, inputs, output):
 
 def _incontext_bias_grads(ctx, grad):
     ends, starts, tables = ctx.saved_tensors
-    return (*incontext_bias_backward(_grad(grad, ends.new_empty(*ends.shape, starts.shape[-1])), ends, starts,
-                                     tables, ctx.causal), None)
+    if grad is None:  # the bias unused: nothing reaches its inputs
+        return torch.zeros_like(ends), torch.zeros_like(starts), torch.zeros_like(tables), None
+    return (*incontext_bias_backward(grad.contiguous(), ends, starts, tables, ctx.causal), None)
 
 
 incontext_bias.register_autograd(_incontext_bias_grads, setup_context=_incontext_bias_setup)

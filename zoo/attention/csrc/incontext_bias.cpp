@@ -69,10 +69,19 @@ inline Vec lerp(const Vec& a, const Vec& b, const Vec& w) {
   return Vec::blendv(b - d * (Vec(1.0f) - w), a + w * d, w < Vec(0.5f));
 }
 
-// d bias / d count: the slope between the two entries strictly inside the clamps (0 on them, as torch.clamp's
-// gradient is; a padded token's own count is exactly 0).
-inline float slope(float count, const float* T, const Point& at, int64_t P) {
-  return count > 0.0f && count < static_cast<float>(P - 1) ? T[at.high] - T[at.low] : 0.0f;
+inline float interpolate(float count, const float* T, int64_t P) {
+  const Point at = locate(count, P);
+  return lerp(T[at.low], T[at.high], at.weight);
+}
+
+// One entry's gradient g: into its table row gT, and returned as the gradient of its count, g times the slope
+// between the two entries strictly inside the clamps (0 on them, as torch.clamp's gradient is; a padded
+// token's own count is exactly 0).
+inline float count_gradient(float count, float g, const float* T, float* gT, int64_t P) {
+  const Point at = locate(count, P);
+  gT[at.low] += g * (1.0f - at.weight);
+  gT[at.high] += g * at.weight;
+  return count > 0.0f && count < static_cast<float>(P - 1) ? g * (T[at.high] - T[at.low]) : 0.0f;
 }
 
 }  // namespace
@@ -105,17 +114,9 @@ at::Tensor incontext_bias_forward(const at::Tensor& ends, const at::Tensor& star
         lerp(at::vec::gather<sizeof(float)>(T, low), at::vec::gather<sizeof(float)>(T, high), p - p.trunc())
             .store(o + j);
       }
-      for (; j <= last; ++j) {
-        const Point at = locate(c - starts_bh[j], s.P);
-        o[j] = lerp(T[at.low], T[at.high], at.weight);
-      }
-      for (j = last + 1; j < s.Lk; ++j) {
-        if (causal) {
-          o[j] = -std::numeric_limits<float>::infinity();
-        } else {  // Lq = Lk: the gates from the query to the later key j
-          const Point at = locate(ends_bh[j] - starts_bh[i], s.P);
-          o[j] = lerp(T[at.low], T[at.high], at.weight);
-        }
+      for (; j <= last; ++j) o[j] = interpolate(c - starts_bh[j], T, s.P);
+      for (j = last + 1; j < s.Lk; ++j) {  // non-causal: Lq = Lk, the gates from the query to the later key j
+        o[j] = causal ? -std::numeric_limits<float>::infinity() : interpolate(ends_bh[j] - starts_bh[i], T, s.P);
       }
     }
   });
@@ -155,22 +156,14 @@ std::vector<at::Tensor> incontext_bias_backward(const at::Tensor& grad, const at
         const int64_t last = i + offset;
         float g_c = 0.0f;
         for (int64_t j = 0; j <= last; ++j) {
-          const float count = c - starts_bh[j];
-          const Point at = locate(count, s.P);
-          gT[at.low] += g[j] * (1.0f - at.weight);
-          gT[at.high] += g[j] * at.weight;
-          const float d = g[j] * slope(count, T, at, s.P);
+          const float d = count_gradient(c - starts_bh[j], g[j], T, gT, s.P);
           g_c += d;
           g_starts_bh[j] -= d;
         }
         g_ends_bh[i] += g_c;
         if (causal) continue;
         for (int64_t j = last + 1; j < s.Lk; ++j) {
-          const float count = ends_bh[j] - starts_bh[i];
-          const Point at = locate(count, s.P);
-          gT[at.low] += g[j] * (1.0f - at.weight);
-          gT[at.high] += g[j] * at.weight;
-          const float d = g[j] * slope(count, T, at, s.P);
+          const float d = count_gradient(ends_bh[j] - starts_bh[i], g[j], T, gT, s.P);
           g_ends_bh[j] += d;
           g_starts_bh[i] -= d;
         }
