@@ -327,6 +327,23 @@ def test_incontext_bias_kernel_refuses_mismatched_tensors():
     assert torch.equal(bias[..., :, 0], tables[..., 0])
     with pytest.raises(ValueError, match="incontext_bias_backward: grad must have shape"):
         k.incontext_bias_backward(torch.randn(b, h, n, n + 1), *good, True)
+    with pytest.raises(ValueError, match="tables must have at least one position, got 0"):
+        k.incontext_bias_forward(*good[:2], torch.randn(b, h, n, 0), True)
+
+
+def test_incontext_bias_gradient_of_an_unused_bias_is_zero():
+    """Autograd may hand a custom op's backward None for an output nobody used: no gradient reaches the inputs."""
+    from types import SimpleNamespace
+
+    from zoo.attention import native
+
+    kernels()
+    ends, starts, tables = torch.rand(2, 3, 4), torch.rand(2, 3, 6), torch.randn(2, 3, 4, 5)
+    ctx = SimpleNamespace(saved_tensors=(ends, starts, tables), causal=True)
+    *grads, none = native._incontext_bias_grads(ctx, None)
+    assert none is None
+    for grad, tensor in zip(grads, (ends, starts, tables)):
+        assert grad.shape == tensor.shape and not grad.any()
 
 
 # The route fixture is set once per test and is the same for every example: nothing to reset.

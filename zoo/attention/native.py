@@ -171,9 +171,13 @@ def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.contiguous() for t in tensors]
 
 
-def _grad(grad: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The gradient of an output that was not used may come as None: zeros for the kernels."""
-    return like.new_zeros(like.shape, dtype=dtype or like.dtype) if grad is None else grad.contiguous()
+def _grad(grad: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype | None = None,
+          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The gradient of an output that was not used may come as None: zeros (of `like`'s shape unless `shape`
+    is given) for the kernels."""
+    if grad is None:
+        return like.new_zeros(like.shape if shape is None else shape, dtype=dtype or like.dtype)
+    return grad.contiguous()
 
 
 @torch.library.custom_op("zoo::softmax_one", mutates_args=())
@@ -303,9 +307,8 @@ def _incontext_bias_setup(ctx, inputs, output):
 
 def _incontext_bias_grads(ctx, grad):
     ends, starts, tables = ctx.saved_tensors
-    if grad is None:  # the bias unused: nothing reaches its inputs
-        return torch.zeros_like(ends), torch.zeros_like(starts), torch.zeros_like(tables), None
-    return (*incontext_bias_backward(grad.contiguous(), ends, starts, tables, ctx.causal), None)
+    grad = _grad(grad, ends, shape=(*ends.shape, starts.shape[-1]))
+    return (*incontext_bias_backward(grad, ends, starts, tables, ctx.causal), None)
 
 
 incontext_bias.register_autograd(_incontext_bias_grads, setup_context=_incontext_bias_setup)
