@@ -326,6 +326,49 @@ def test_the_compiled_bias_matches_its_formula_on_long_rows(causal, queries, pos
             torch.testing.assert_close(got[..., i, j], want, atol=1e-5, rtol=1e-6)
 
 
+@pytest.mark.parametrize("causal,queries", [(True, 53), (True, 20), (False, 53)])
+@pytest.mark.parametrize("positions", [1, 5, 64])
+def test_the_compiled_bias_backward_matches_its_formula_on_long_rows(causal, queries, positions):
+    """The backward on rows longer than a vector, where many keys share a table entry, against autograd
+    through the formula in float64. The counts are the kernel's own float32
+    differences, so that both sides take the same floor; d count / d ends = 1 and d count / d starts = -1 are
+    summed here by hand; torch.clamp's gradient is 0 on the clamps, as the kernel's is."""
+    needs_kernels()
+    torch.manual_seed(0)
+    keys = 53
+    gates = torch.rand(2, 3, keys) * 2
+    gates[0, 1, 10] = 0  # a padded token: its own count is exactly 0, on the clamp
+    ends, starts = gates.cumsum(-1)[..., keys - queries:], gates.cumsum(-1) - gates
+    tables = torch.randn(2, 3, queries, positions)
+    upstream = torch.randn(2, 3, queries, keys)
+    inputs = [t.clone().requires_grad_() for t in (ends, starts, tables)]
+    got = torch.autograd.grad(native.incontext_bias(*inputs, causal), inputs, upstream)
+
+    rows = torch.arange(keys - queries, keys)[:, None]  # each query's own key
+    behind = torch.arange(keys)[None, :] <= rows
+    later = ~behind if not causal else torch.zeros_like(behind)
+    counts = ends[..., :, None] - starts[..., None, :]  # c_i - c_{j-1}
+    if not causal:  # a later key (queries = keys): the gates from the query to the key, c_j - c_{i-1}
+        counts = torch.where(later, counts.mT, counts)
+    counts = counts.double().requires_grad_()
+    table64 = tables.double().requires_grad_()
+    p = counts.clamp(0, positions - 1)
+    low = p.detach().floor().long()
+    high = (low + 1).clamp(max=positions - 1)
+    weight = p - low
+    bias = table64.gather(-1, low) * (1 - weight) + table64.gather(-1, high) * weight
+    used = (behind | later).double()
+    g_counts, g_tables = torch.autograd.grad(bias, (counts, table64), upstream.double() * used)
+    g_ends = (g_counts * behind).sum(-1)
+    g_starts = -(g_counts * behind).sum(-2)
+    if not causal:
+        g_ends = g_ends + (g_counts * later).sum(-2)
+        g_starts = g_starts - (g_counts * later).sum(-1)
+    for name, a, b in zip(["ends", "starts", "tables"], got, [g_ends, g_starts, g_tables]):
+        torch.testing.assert_close(a.double(), b, atol=1e-4, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    assert positions == 1 or g_ends.abs().max() > 0.1  # the counts carry a gradient where the table has a slope
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_compiled_bias_has_the_eager_routes_gradients(causal):
     """The kernel's backward against autograd through the eager route, for the input and every parameter,
