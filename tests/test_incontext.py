@@ -295,6 +295,16 @@ def test_the_compiled_bias_matches_the_float64_reference(causal, padded, gate_bi
     torch.testing.assert_close(layer.position_bias(x.float(), mask).double(), bias, atol=2e-5, rtol=1e-5)
 
 
+def long_rows(keys, queries, positions):
+    """Gate sums (ends at every key, starts) of 2 x 3 heads whose counts cross integers and the table's end,
+    one padded token (its own count exactly 0), and tables for the last `queries` keys."""
+    torch.manual_seed(0)
+    gates = torch.rand(2, 3, keys) * 2
+    gates[0, 1, 10] = 0
+    ends = gates.cumsum(-1)
+    return ends, ends - gates, torch.randn(2, 3, queries, positions)
+
+
 @pytest.mark.parametrize("causal,queries", [(True, 53), (True, 20), (False, 53)])
 @pytest.mark.parametrize("positions", [1, 5, 64])
 def test_the_compiled_bias_matches_its_formula_on_long_rows(causal, queries, positions):
@@ -302,13 +312,8 @@ def test_the_compiled_bias_matches_its_formula_on_long_rows(causal, queries, pos
     p_ij = clamp(c_i - c_{j-1}, 0, P - 1) (c_j - c_{i-1} for a later key), lerp between floor p and the next
     entry; queries at the end of 53 keys; causal: -inf at later keys."""
     needs_kernels()
-    torch.manual_seed(0)
     keys = 53
-    gates = torch.rand(2, 3, keys) * 2  # counts cross integers and the table's end
-    gates[0, 1, 10] = 0  # a padded token: its own count is exactly 0
-    ends = gates.cumsum(-1)
-    starts = ends - gates
-    tables = torch.randn(2, 3, queries, positions)
+    ends, starts, tables = long_rows(keys, queries, positions)
     got = native.incontext_bias(ends[..., keys - queries:], starts, tables, causal).double()
     c, s, t = ends.double(), starts.double(), tables.double()
     for i in range(queries):
@@ -330,16 +335,13 @@ def test_the_compiled_bias_matches_its_formula_on_long_rows(causal, queries, pos
 @pytest.mark.parametrize("positions", [1, 5, 64])
 def test_the_compiled_bias_backward_matches_its_formula_on_long_rows(causal, queries, positions):
     """The backward on rows longer than a vector, where many keys share a table entry, against autograd
-    through the formula in float64. The counts are the kernel's own float32
-    differences, so that both sides take the same floor; d count / d ends = 1 and d count / d starts = -1 are
-    summed here by hand; torch.clamp's gradient is 0 on the clamps, as the kernel's is."""
+    through the formula in float64. The counts are the kernel's own float32 differences, so that both sides
+    take the same floor; d count / d ends = 1 and d count / d starts = -1 are summed here by hand;
+    torch.clamp's gradient is 0 on the clamps, as the kernel's is."""
     needs_kernels()
-    torch.manual_seed(0)
     keys = 53
-    gates = torch.rand(2, 3, keys) * 2
-    gates[0, 1, 10] = 0  # a padded token: its own count is exactly 0, on the clamp
-    ends, starts = gates.cumsum(-1)[..., keys - queries:], gates.cumsum(-1) - gates
-    tables = torch.randn(2, 3, queries, positions)
+    ends, starts, tables = long_rows(keys, queries, positions)
+    ends = ends[..., keys - queries:]
     upstream = torch.randn(2, 3, queries, keys)
     inputs = [t.clone().requires_grad_() for t in (ends, starts, tables)]
     got = torch.autograd.grad(native.incontext_bias(*inputs, causal), inputs, upstream)
