@@ -278,6 +278,10 @@ def test_wrong_types_are_refused():
         MQAR(test_lengths="128")
     with pytest.raises(TypeError, match="distinct_queries must be true or false"):
         MQAR(distinct_queries="no")
+    with pytest.raises(TypeError, match="PixelMNIST permute must be true or false, got 'yes'"):
+        PixelMNIST(permute="yes")
+    with pytest.raises(ValueError, match="PixelMNIST batch_size must be between 1 and .*, got 0"):
+        PixelMNIST(batch_size=0)
 
 
 def test_learned_positions_refuse_longer_test_lengths():

@@ -192,11 +192,13 @@ def test_text_data_refuses_bad_fractions_short_texts_and_non_utf8(tmp_path):
 
 
 def test_a_missing_data_root_is_one_line_and_nothing_is_created(tmp_path):
-    from zoo.data import CIFAR10, MNIST, AdrenalMNIST3D
+    from functools import partial
+
+    from zoo.data import CIFAR10, MNIST, AdrenalMNIST3D, PixelMNIST
 
     (tmp_path / "empty").mkdir()
     for root in (tmp_path / "absent", tmp_path / "empty"):
-        for cls, name in ((MNIST, "MNIST"), (CIFAR10, "CIFAR10")):
+        for cls, name in ((MNIST, "MNIST"), (CIFAR10, "CIFAR10"), (partial(PixelMNIST, permute=True), "MNIST")):
             with pytest.raises(FileNotFoundError, match=f"{name} not found under {root} and download=False; set "
                                                         "data.root .* data.download=true") as err:
                 cls(root=str(root), download=False).setup()
