@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import common  # noqa: E402
 from bench.common import RESULTS, locked, machine, print_table, write_json  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
@@ -251,6 +252,18 @@ def estimate(cells: list[tuple[str, str]]) -> list[dict]:
             rows.append({"task": task, "model": m, "s per step": round(step, 3),
                          "min per run": round(step * BUDGET["steps"] / 60, 1), "x gpt-tiny": round(step / baseline, 2)})
     return rows
+
+
+def keep_estimates(rows: list[dict]) -> None:
+    """Put these rows into bench/results/capabilities_estimate.json in place of earlier ones of the same task
+    and model, keeping the rest: each row's ratio was taken against gpt-tiny in its own run, so rows from
+    different runs stand side by side."""
+    path = common.RESULTS / "capabilities_estimate.json"
+    fresh = {(r["task"], r["model"]) for r in rows}
+    with locked("capabilities_estimate"):
+        earlier = json.loads(path.read_text())["rows"] if path.is_file() else []
+        write_json("capabilities_estimate",
+                   {"rows": [r for r in earlier if (r["task"], r["model"]) not in fresh] + rows})
 
 
 def sweep_key(task: str, model: str, lr: float) -> str:
@@ -504,7 +517,7 @@ def main(argv=None):
         rows = estimate(list(dict.fromkeys((t, m) for t, m, _ in runs)))
         print_table(f"capabilities: minutes per run of {BUDGET['steps']} steps, estimated from "
                     "the median of 4 steps, one thread", rows, list(rows[0]))
-        write_json("capabilities_estimate", {"rows": rows})
+        keep_estimates(rows)
         return
     if args.list:
         results = load(out)

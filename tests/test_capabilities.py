@@ -526,6 +526,12 @@ def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path
     micro = rows[1]  # minutes per run: the budget's steps at the measured rate
     assert micro["min per run"] == pytest.approx(micro["s per step"] * capabilities.BUDGET["steps"] / 60, abs=0.1)
     assert not out.exists()  # nothing trained, nothing recorded
+    # a later estimate of another model replaces gpt-tiny's baseline row and keeps micro's from the first run
+    capabilities.main(["--estimate", "--only", "mqar/*/0", "--models", "elita-gpt-tiny", "--out", str(out)])
+    later = json.loads((tmp_path / "capabilities_estimate.json").read_text())["rows"]
+    assert [(r["task"], r["model"]) for r in later] == [("mqar", "micro-gpt-tiny"), ("mqar", "gpt-tiny"),
+                                                         ("mqar", "elita-gpt-tiny")]
+    assert later[0] == micro
     with pytest.raises(SystemExit):
         capabilities.main(["--estimate", "--tiny", "--out", str(out)])
     assert "leave out --tiny" in capsys.readouterr().err

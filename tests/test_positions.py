@@ -11,8 +11,10 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import zoo.attention as A
+from tests.reference import multi_head_attention
 from zoo.attention.positions import alibi_bias, alibi_slopes, rotate
 
 POSITIONS = ["rope", "alibi"]
@@ -248,6 +250,35 @@ def test_learned_bias_and_alibi_add_up():
         plain.attn_bias += alibi_bias(torch.tensor(paper_slopes(2), dtype=torch.float64), torch.arange(10),
                                       torch.arange(10))
     torch.testing.assert_close(layer(x), plain(x), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["softmax", "quiet"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_alibi_trains_on_the_flash_kernel(name, causal):
+    """ALiBi's per-head bias (heads, L, L) must reach SDPA in a shape its CPU flash kernel takes: given 3-D, PyTorch
+    falls back to the math kernel, which builds every batch x heads x L x L weight (2.3x the training step at 784
+    tokens). With only the flash kernel allowed, SDPA refuses rather than falls back, so this fails on that path."""
+    layer = make(name, "alibi", causal)
+    x = torch.randn(2, 9, 16, requires_grad=True)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :2] = False
+    for padding in (None, mask):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = layer(x, padding)
+            out.sum().backward()
+        expected = attention_reference(layer, x.detach(), padding)
+        torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-4)
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_a_learned_bias_at_inference_takes_the_flash_kernel():
+    layer = make("softmax", None, max_len=9, learned_bias=True).eval()
+    with torch.no_grad():
+        layer.attn_bias.normal_()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        got = layer(x)
+    torch.testing.assert_close(got.double(), multi_head_attention(layer, x), atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["softmax", "quiet"])
