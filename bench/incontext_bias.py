@@ -2,12 +2,15 @@
 
     python bench/incontext_bias.py            # the capability suite's long tasks: ListOps, pixel MNIST
     python bench/incontext_bias.py --quick    # short sequences only, for a smoke test
+    python bench/incontext_bias.py --profile  # where a step's time goes at pixel MNIST's 784 tokens
 
 One training step (forward and backward of a next-token loss on random tokens) of incontext-gpt-tiny at the
 capability suite's size (bench/capabilities.py's SIZE) and each task's batch and longest sequence, on the
 kernel and on the eager route (`native.eager_routes()`), with gpt-tiny's step as the baseline: the three are
 timed in turn, round after round, so that drift hits all alike, at one thread (as the suite trains). The
 ratios are what the suite's `--estimate` calls "x gpt-tiny". Results go to bench/results/incontext_bias.json.
+With --profile: the operators that take the most of one step of each model (torch.profiler's self CPU time),
+bench/results/incontext_bias_profile.json.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from bench.common import cpu_flags, print_table, timeit_rotation, write_json  # 
 SHAPES = [("mqar", 64, 64), ("selective_copying", 64, 128), ("listops", 64, 500), ("pixel_mnist", 50, 784)]
 QUICK = SHAPES[:2]
 VOCAB = 64
+# torch.profiler files a custom operator's forward under its autograd wrapper's name
+OPERATORS = {"GeneratedBackwardFor_zoo_incontext_bias_default": "zoo::incontext_bias (the forward)"}
 
 
 def step(model: torch.nn.Module, tokens: torch.Tensor):
@@ -60,9 +65,36 @@ def measure(task: str, batch: int, length: int) -> dict:
             "speed-up": round(eager_s / kernel_s, 2)}
 
 
+def profile(task: str, batch: int, length: int, top: int = 10) -> list[dict]:
+    """The `top` operators by self CPU time in one training step of gpt-tiny and of incontext-gpt-tiny (after
+    one warm-up step), each with its share of the step's total."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    import zoo
+
+    torch.manual_seed(0)
+    make = dict(vocab_size=VOCAB, context_length=length, **SIZE)
+    tokens = torch.randint(VOCAB, (batch, length + 1))
+    rows = []
+    for name in ("gpt-tiny", "incontext-gpt-tiny"):
+        run = step(zoo.create(name, **make), tokens)
+        run()
+        with profiler(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+        ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in ops)
+        rows += [{"model": name, "step s": round(total / 1e6, 3), "operator": OPERATORS.get(e.key, e.key),
+                  "self s": round(e.self_cpu_time_total / 1e6, 3), "share": round(e.self_cpu_time_total / total, 3)}
+                 for e in ops[:top]]
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short sequences only, for a smoke test")
+    parser.add_argument("--profile", action="store_true",
+                        help="the operators that take the most of one step at pixel MNIST's shape, nothing timed")
     args = parser.parse_args()
     from zoo.attention import native
 
@@ -70,6 +102,15 @@ def main() -> None:
         sys.exit("bench/incontext_bias.py compares the compiled kernel with the eager route, and the kernel "
                  "could not be built here (see the warning above)")
     torch.set_num_threads(1)
+    if args.profile:
+        task, batch, length = SHAPES[-1]
+        rows = profile(task, batch, length)
+        print_table(f"where a training step's time goes ({task}: batch {batch}, {length} tokens, one thread)",
+                    rows, list(rows[0]))
+        path = write_json("incontext_bias_profile", {"cpu_flags": cpu_flags(), "size": SIZE, "task": task,
+                                                     "batch": batch, "length": length, "rows": rows})
+        print(f"\nwrote {path}")
+        return
     rows = [measure(*shape) for shape in (QUICK if args.quick else SHAPES)]
     columns = ["task", "batch", "length", "gpt-tiny s", "eager s", "kernel s", "eager x gpt-tiny",
                "kernel x gpt-tiny", "speed-up"]

@@ -295,6 +295,21 @@ def test_the_compiled_bias_matches_the_float64_reference(causal, padded, gate_bi
     torch.testing.assert_close(layer.position_bias(x.float(), mask).double(), bias, atol=2e-5, rtol=1e-5)
 
 
+def test_the_step_profile_names_the_bias_kernels_forward_and_backward():
+    """bench/incontext_bias.py --profile labels the forward kernel, which torch.profiler files under its autograd
+    wrapper's name: if PyTorch renames that, the label would silently vanish from the table."""
+    needs_kernels()
+    from bench import incontext_bias
+
+    rows = incontext_bias.profile("tiny", 2, 16, top=100)
+    ops = {m: {r["operator"] for r in rows if r["model"] == m} for m in ("gpt-tiny", "incontext-gpt-tiny")}
+    assert {"zoo::incontext_bias (the forward)", "zoo::incontext_bias_backward"} <= ops["incontext-gpt-tiny"]
+    assert not any("incontext" in op for op in ops["gpt-tiny"])
+    for model in ops:  # the largest first, each a share of the step
+        shares = [r["share"] for r in rows if r["model"] == model]
+        assert shares == sorted(shares, reverse=True) and 0 < shares[0] <= 1
+
+
 def long_rows(keys, queries, positions):
     """Gate sums (ends at every key, starts) of 2 x 3 heads whose counts cross integers and the table's end,
     one padded token (its own count exactly 0), and tables for the last `queries` keys."""
