@@ -34,7 +34,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Te
     if attn_mask is not None and attn_mask.dim() == 3:
         # A per-head mask (H, Lq, Lk), ALiBi's or a learned bias, broadcasts as (1, H, Lq, Lk), but PyTorch's CPU
         # flash kernel takes 2-D and 4-D masks only: given 3-D it falls back to the math kernel, which builds every
-        # B x H x Lq x Lk weight (2.4x slower at 784 tokens, bench/capabilities.py --estimate)
+        # B x H x Lq x Lk weight (gpt-tiny:alibi's training step at 784 tokens 1.95x gpt-tiny's there, 1.27x on the
+        # flash kernel: python bench/capabilities.py --estimate --only 'pixel_mnist_permuted/gpt-tiny:alibi/0')
         attn_mask = attn_mask.unsqueeze(0)
     if attn_mask is not None:
         kwargs["attn_mask"] = attn_mask
