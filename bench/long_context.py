@@ -43,7 +43,7 @@ TEXT = DATA / "warpeace" / "warpeace_input.txt"
 RELEASES = ("gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "micro-gpt-tiny.warpeace",
             "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
             "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi", "hybrid-elita-gpt-tiny.warpeace",
-            "hybrid-micro-conv-gpt-tiny.warpeace")
+            "hybrid-micro-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace")
 USES, KEEPS = 0.15, 0.05  # the margins
 FIRST = 64  # "the first 64 positions"
 

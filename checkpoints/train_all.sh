@@ -20,7 +20,7 @@ if [ ${#recipes[@]} -eq 0 ]; then
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion
            gpt-tiny.warpeace gpt-tiny.warpeace-rope micro-gpt-tiny.warpeace elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
            elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
-           hybrid-micro-conv-gpt-tiny.warpeace)
+           hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

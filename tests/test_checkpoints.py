@@ -33,9 +33,9 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "micro-gpt-tiny.warpeace",
            "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
            "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi",
-           # the hybrids at 2,048: ELiTA with the fading history and a rotary softmax block; micro with short
-           # convolutions
-           "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace"]
+           # the hybrids at 2,048: ELiTA, and micro, with the fading history and a rotary softmax block; micro
+           # with short convolutions
+           "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace"]
 
 
 def test_every_planned_checkpoint_is_shipped():
