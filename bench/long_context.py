@@ -40,10 +40,6 @@ OUT = RESULTS / "long_context.json"
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ZOO_DATA", ROOT.parent / "shared" / "data"))
 TEXT = DATA / "warpeace" / "warpeace_input.txt"
-RELEASES = ("gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "micro-gpt-tiny.warpeace",
-            "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
-            "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi", "hybrid-elita-gpt-tiny.warpeace",
-            "hybrid-micro-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace")
 USES, KEEPS = 0.15, 0.05  # the issue's margins
 FIRST = 64  # "the first 64 positions"
 
@@ -101,7 +97,10 @@ def score(folder: Path, data, long: list[int]) -> dict:
     import zoo
 
     model = zoo.load(str(folder)).eval()
-    if model.tokenizer is None or model.tokenizer.to_dict() != data.tokenizer.to_dict():
+    if getattr(model, "tokenizer", None) is None:  # an image model, or a text model without characters
+        raise ValueError(f"{folder} is not a character-level language model ({type(model).__name__} without "
+                         "a tokenizer): give a War and Peace release (recipes/*.warpeace.yaml)")
+    if model.tokenizer.to_dict() != data.tokenizer.to_dict():
         raise ValueError(f"{folder} was not trained on the characters of {data.source}: its tokenizer differs "
                          "from the text's (pass the text it was trained on with --text)")
     context = model.context_length
@@ -152,12 +151,23 @@ def table(results: dict) -> None:
               + ", ".join(f"{k} {v}" for k, v in results["baselines"]["loss"].items()))
 
 
+def window(text: str) -> int:
+    """A --long length: a whole number of tokens, at least 1."""
+    try:
+        length = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, got {text!r}") from None
+    if length < 1:
+        raise argparse.ArgumentTypeError(f"expected a window of at least 1 token, got {length}")
+    return length
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", nargs="+", default=None,
-                        help="release folders (default: those of RELEASES present in checkpoints/)")
-    parser.add_argument("--long", nargs="*", type=int, default=[], help="longer windows to score, in tokens")
+                        help="release folders (default: every checkpoints/*.warpeace* release)")
+    parser.add_argument("--long", nargs="*", type=window, default=[], help="longer windows to score, in tokens")
     parser.add_argument("--text", type=Path, default=TEXT, help="War and Peace (default under $ZOO_DATA)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--threads", type=int, default=None)
@@ -166,8 +176,8 @@ def main(argv=None):
     if not args.table:
         if args.threads:
             torch.set_num_threads(args.threads)
-        folders = [Path(f) for f in args.releases] if args.releases else [
-            ROOT / "checkpoints" / r for r in RELEASES if (ROOT / "checkpoints" / r / "config.json").is_file()]
+        folders = [Path(f) for f in args.releases] if args.releases else sorted(
+            f.parent for f in (ROOT / "checkpoints").glob("*.warpeace*/config.json"))
         if not folders:
             raise SystemExit("bench/long_context.py: error: no War and Peace release found: train one "
                              "(recipes/*.warpeace.yaml) or pass --releases")

@@ -746,8 +746,9 @@ def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
 
 
 def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
-    """A folder that is no release, a release of another text's characters, a text shorter than one window:
-    each a one-line error naming what is wrong, and no results file written."""
+    """A folder that is no release, a release of another text's characters, an image model, a text shorter
+    than one window, a --long length that is not a positive whole number: each a one-line error naming what
+    is wrong, and no results file written."""
     from bench import long_context
 
     (tmp_path / "t.txt").write_text("abc " * 300)
@@ -764,4 +765,13 @@ def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
         long_context.main(["--releases", str(tmp_path / "other"), "--text", str(tmp_path / "t.txt"), "--out", str(out)])
     with pytest.raises(SystemExit, match=r"War and Peace not found at .*missing\.txt"):
         long_context.main(["--releases", str(tmp_path / "other"), "--text", str(tmp_path / "missing.txt")])
+    image = zoo.create("micro-vit-tiny", num_classes=10, img_size=28, in_chans=1, patch_size=7, embed_dim=32,
+                       depth=1, num_heads=2)
+    image.save_pretrained(tmp_path / "image")
+    with pytest.raises(SystemExit, match=r"image is not a character-level language model \(ImageTransformer"):
+        long_context.main(["--releases", str(tmp_path / "image"), "--text", str(tmp_path / "t.txt"), "--out", str(out)])
+    for bad in ("0", "-5", "4k"):
+        with pytest.raises(SystemExit):
+            long_context.main(["--releases", str(tmp_path / "other"), "--long", bad, "--out", str(out)])
+        assert "--long: expected a" in capsys.readouterr().err
     assert not out.exists()
