@@ -3,6 +3,7 @@
     python bench/long_context.py                          # every War and Peace release in checkpoints/
     python bench/long_context.py --long 65536 131072      # also stretches this long (models without
                                                           # learned positions only; elita.md's "100K+")
+    python bench/long_context.py --reach 128 1024 4096    # how far back each release reads (below)
     python bench/long_context.py --table                  # the table from bench/results/long_context.json
 
 Each release is scored on the held-out end of War and Peace (its last 10%, the split its recipe trained
@@ -14,6 +15,15 @@ and n-gram models counted on the training split as references (a 2-gram model re
 
     uses its context:  loss[C/2, C) <= loss[0, 64) - 0.15       (in windows of C)
     keeps it at 4x:    loss[2C, 4C) <= loss[C/2, C) + 0.05      (in windows of 4C)
+
+The second compares different passages of the text: with few windows of 4C (at C = 16,384 the held-out end
+holds four) a harder passage at [2C, 4C) reads as a failure to keep the context. So the record also scores
+the very characters [2C, 4C) of each 4C window the way [C/2, C) is scored, each in the second half of a
+window of C, and gives the rise on the same text: loss[2C, 4C) minus that loss.
+
+--reach asks how far back a release reads: the characters at [C/2, C) of each window of C, read again in
+the second halves of windows of each length L (so with L/2 to L characters before them). Where the loss
+stops falling as L grows, the characters further back no longer change a prediction.
 
 A model with learned positions has none beyond C: it is scored at C only, and its record says so.
 """
@@ -92,7 +102,26 @@ def loss_by_position(model, tokens: torch.Tensor, length: int) -> tuple[torch.Te
     return total / windows, windows
 
 
-def score(folder: Path, data, long: list[int]) -> dict:
+@torch.inference_mode()
+def loss_in_second_halves(model, tokens: torch.Tensor, length: int, spans: list[tuple[int, int]]) -> float:
+    """The mean next-token loss of the targets tokens[start + 1: stop + 1] for each (start, stop) span,
+    each scored in the second half of a window of `length` tokens (windows overlapping by half), so that
+    every target sees length/2 to length tokens back, as positions [length/2, length) of a window do."""
+    half = length // 2
+    total, count = 0.0, 0
+    for start, stop in spans:
+        if start < half:
+            raise ValueError(f"a span from token {start:,} has fewer than the {half:,} tokens before it that a "
+                             f"window of {length:,} reads")
+        for begin in range(start - half, stop - half, half):
+            chunk = tokens[begin: min(begin + length, stop) + 1]  # causal: what follows stop changes nothing
+            logits = model(chunk[:-1][None])[0, half:].float()
+            total += float(F.cross_entropy(logits, chunk[half + 1:], reduction="sum").double())
+            count += len(chunk) - 1 - half
+    return total / count
+
+
+def score(folder: Path, data, long: list[int], reach: list[int] = ()) -> dict:
     """One release's record: its loss by position on the held-out tokens of `data` (a LongContextText)."""
     import zoo
 
@@ -123,8 +152,26 @@ def score(folder: Path, data, long: list[int]) -> dict:
     record["uses_context"] = {"gain": round(first - second_half, 4), "met": first - second_half >= USES}
     if str(4 * context) in at:
         w = at[str(4 * context)]["loss"]
-        rise = w[f"{2 * context}-{4 * context}"] - w[f"{context // 2}-{context}"]
-        record["keeps_context_at_4x"] = {"rise": round(rise, 4), "met": rise <= KEEPS}
+        late = w[f"{2 * context}-{4 * context}"]
+        rise = late - w[f"{context // 2}-{context}"]
+        # the same characters as [2C, 4C) of each 4C window, each read with C/2 to C tokens back
+        spans = [(k * 4 * context + 2 * context, (k + 1) * 4 * context) for k in range(at[str(4 * context)]["windows"])]
+        same_text = loss_in_second_halves(model, tokens, context, spans)
+        record["keeps_context_at_4x"] = {"rise": round(rise, 4), "met": rise <= KEEPS,
+                                         "same_text": {"loss": round(same_text, 4), "rise": round(late - same_text, 4)}}
+    if reach:  # the characters [C/2, C) of each window of C, read with L/2 to L characters before them
+        too_long = [n for n in reach if n > context and learned]
+        if too_long:
+            raise ValueError(f"--reach {too_long[0]}: {folder.name} has learned positions, none beyond its "
+                             f"context of {context}")
+        windows = at[str(context)]["windows"]  # those with max(reach) / 2 tokens before: one text for every L
+        spans = [(k * context + context // 2, (k + 1) * context) for k in range(windows)
+                 if k * context + context // 2 >= max(reach) // 2]
+        if not spans:
+            raise ValueError(f"--reach {max(reach)}: the held-out text has no window of {context} with "
+                             f"{max(reach) // 2:,} tokens before its second half")
+        record["reach"] = {"span": f"{context // 2}-{context}", "windows": len(spans), "loss": {
+            str(n): round(loss_in_second_halves(model, tokens, n, spans), 4) for n in sorted(reach)}}
     return record
 
 
@@ -140,12 +187,22 @@ def table(results: dict) -> None:
         if "keeps_context_at_4x" in r:
             k = r["keeps_context_at_4x"]
             rows[-1]["keeps it at 4x (rise <= 0.05)"] = f"{k['rise']:+.3f} {'met' if k['met'] else 'NOT met'}"
+            if "same_text" in k:  # records written before the control have none
+                rows[-1]["rise on the same text"] = f"{k['same_text']['rise']:+.3f}"
         elif r.get("not_tested"):
             rows[-1]["keeps it at 4x (rise <= 0.05)"] = "not tested: learned positions"
     columns = []
     for row in rows:
         columns += [k for k in row if k not in columns]
     print_table("War and Peace, held-out end: mean loss (nats per character) by token position", rows, columns)
+    reach = [{"release": name, "characters": r["reach"]["span"], "windows": r["reach"]["windows"],
+              **{f"read with {int(n) // 2}-{n} back": v for n, v in r["reach"]["loss"].items()}}
+             for name, r in results["runs"].items() if r.get("reach")]
+    if reach:
+        columns = []
+        for row in reach:
+            columns += [k for k in row if k not in columns]
+        print_table("How far back each release reads: the same characters with more before them", reach, columns)
     if results.get("baselines"):
         print("n-gram references on the same held-out text (counted on the training split, add-0.1 smoothing): "
               + ", ".join(f"{k} {v}" for k, v in results["baselines"]["loss"].items()))
@@ -162,12 +219,22 @@ def window(text: str) -> int:
     return length
 
 
+def reach_window(text: str) -> int:
+    """A --reach length: an even number of tokens, at least 2 (its second half is what is scored)."""
+    length = window(text)
+    if length % 2:
+        raise argparse.ArgumentTypeError(f"expected an even number of tokens, got {length}")
+    return length
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", nargs="+", default=None,
                         help="release folders (default: every checkpoints/*.warpeace* release)")
     parser.add_argument("--long", nargs="*", type=window, default=[], help="longer windows to score, in tokens")
+    parser.add_argument("--reach", nargs="*", type=reach_window, default=[],
+                        help="window lengths (even) to read each release's [C/2, C) characters again with")
     parser.add_argument("--text", type=Path, default=TEXT, help="War and Peace (default under $ZOO_DATA)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--threads", type=int, default=None)
@@ -191,7 +258,8 @@ def main(argv=None):
                          for n in (1, 2, 3)}
             for folder in folders:
                 print(f"{folder.name} ...", flush=True)
-                record = score(folder, data, args.long)
+                record = score(folder, data, args.long, args.reach)
+                record["command"] = "python bench/long_context.py " + " ".join(argv or sys.argv[1:])
                 with locked(args.out.stem):
                     results = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
                     results["runs"][folder.name] = record

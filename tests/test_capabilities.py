@@ -644,7 +644,35 @@ def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_po
     for span, lo, hi in (("0-64", 0, 64), ("64-128", 64, 128), ("256-512", 256, 512)):
         assert at_4x["loss"][span] == pytest.approx(float(losses[lo:hi].mean()), abs=1e-3)
     rise = at_4x["loss"]["256-512"] - at_4x["loss"]["64-128"]
-    assert record["keeps_context_at_4x"] == {"rise": pytest.approx(rise, abs=1e-3), "met": rise <= 0.05}
+    # the control on the same text: characters 256-511 again, each in the second half of a window of 128
+    again = []
+    for begin in (192, 256, 320, 384):
+        chunk = held[begin: begin + 129]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(chunk[None, :-1])[0].double(), -1)
+        again.append(-logp[torch.arange(64, 128), chunk[65:]])
+    same_text = float(torch.cat(again).mean())
+    assert record["keeps_context_at_4x"] == {
+        "rise": pytest.approx(rise, abs=1e-3), "met": rise <= 0.05,
+        "same_text": {"loss": pytest.approx(same_text, abs=1e-3),
+                      "rise": pytest.approx(float(losses[256:512].mean()) - same_text, abs=1e-3)}}
+
+    # --reach: the characters at 64-127 of each window of 128 that has 128 characters before them (windows
+    # 1 to 5 of 6), each read with 32-64 and with 128-256 characters before it, one token at a time here
+    long_context.main(["--releases", str(folder), "--text", str(tmp_path / "t.txt"), "--out", str(out),
+                       "--reach", "256", "64"])
+    reach = json.loads(out.read_text())["runs"]["release"]["reach"]
+    assert reach["span"] == "64-128" and reach["windows"] == 5
+    for length in (64, 256):
+        half, slow = length // 2, []
+        for k in range(1, 6):
+            start = k * 128 + 64
+            for i in range(start, start + 64):
+                back = half + (i - start) % half  # L/2 to L tokens before it, as in the second half of a window
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(held[None, i - back: i + 1])[0, -1].double(), -1)
+                slow.append(-float(logp[held[i + 1]]))
+        assert reach["loss"][str(length)] == pytest.approx(sum(slow) / len(slow), abs=1e-3)
 
 
 def test_capability_pictures_find_each_querys_answer_and_its_weight():
@@ -774,4 +802,13 @@ def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit):
             long_context.main(["--releases", str(tmp_path / "other"), "--long", bad, "--out", str(out)])
         assert "--long: expected a" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # its second half is what is scored
+        long_context.main(["--releases", str(tmp_path / "other"), "--reach", "63", "--out", str(out)])
+    assert "--reach: expected an even number of tokens, got 63" in capsys.readouterr().err
+    learned = zoo.create("gpt-tiny", vocab_size=4, context_length=32, embed_dim=32, depth=1, num_heads=2,
+                         tokenizer={"type": "char", "chars": " abc"})
+    learned.save_pretrained(tmp_path / "learned")
+    with pytest.raises(SystemExit, match=r"--reach 64: learned has learned positions, none beyond its context of 32"):
+        long_context.main(["--releases", str(tmp_path / "learned"), "--text", str(tmp_path / "t.txt"),
+                           "--reach", "16", "64", "--out", str(out)])
     assert not out.exists()
