@@ -18,7 +18,8 @@ if [ ${#recipes[@]} -eq 0 ]; then
            hybrid-micro-vit-tiny.mnist incontext-vit-tiny.mnist
            fused-2d-tiny.mnist vit-tiny.mnist quiet-vit-tiny.mnist
            micro-vit-tiny.fashion vit-tiny.fashion quiet-vit-tiny.fashion fused-pool-vit-tiny.fashion
-           gpt-tiny.warpeace gpt-tiny.warpeace-rope micro-gpt-tiny.warpeace elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
+           gpt-tiny.warpeace gpt-tiny.warpeace-rope gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace
+           elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
            elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
            hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace)
 fi

@@ -29,8 +29,8 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "hybrid-elita-conv1-gpt-tiny.shakespeare",
            # issue 24: long context (2,048 characters of War and Peace); elita also without its sine positions
            # and with ALiBi's fading history instead, micro with its mean fading the same way; softmax also with
-           # rotary positions, the fair baseline
-           "gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "micro-gpt-tiny.warpeace",
+           # rotary positions, the fair baseline, and with ALiBi, the softmax positions said to extrapolate
+           "gpt-tiny.warpeace", "gpt-tiny.warpeace-rope", "gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace",
            "elita-gpt-tiny.warpeace", "elita-gpt-tiny.warpeace-nopos",
            "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi",
            # the hybrids at 2,048: ELiTA, and micro, with the fading history and a rotary softmax block; micro
