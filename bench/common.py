@@ -87,7 +87,10 @@ def machine() -> dict:
     }
 
 
-def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+def print_table(title: str, rows: list[dict], columns: list[str] | None = None) -> None:
+    """Rows as a text table under a heading; columns default to every key of the rows, in first-seen order."""
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
     print(f"\n## {title}")
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(columns)]

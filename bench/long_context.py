@@ -191,18 +191,12 @@ def table(results: dict) -> None:
                 rows[-1]["rise on the same text"] = f"{k['same_text']['rise']:+.3f}"
         elif r.get("not_tested"):
             rows[-1]["keeps it at 4x (rise <= 0.05)"] = "not tested: learned positions"
-    columns = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    print_table("War and Peace, held-out end: mean loss (nats per character) by token position", rows, columns)
+    print_table("War and Peace, held-out end: mean loss (nats per character) by token position", rows)
     reach = [{"release": name, "characters": r["reach"]["span"], "windows": r["reach"]["windows"],
               **{f"read with {int(n) // 2}-{n} back": v for n, v in r["reach"]["loss"].items()}}
              for name, r in results["runs"].items() if r.get("reach")]
     if reach:
-        columns = []
-        for row in reach:
-            columns += [k for k in row if k not in columns]
-        print_table("How far back each release reads: the same characters with more before them", reach, columns)
+        print_table("How far back each release reads: the same characters with more before them", reach)
     if results.get("baselines"):
         print("n-gram references on the same held-out text (counted on the training split, add-0.1 smoothing): "
               + ", ".join(f"{k} {v}" for k, v in results["baselines"]["loss"].items()))

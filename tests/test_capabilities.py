@@ -662,6 +662,10 @@ def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_po
     long_context.main(["--releases", str(folder), "--text", str(tmp_path / "t.txt"), "--out", str(out),
                        "--reach", "256", "64"])
     reach = json.loads(out.read_text())["runs"]["release"]["reach"]
+    with pytest.raises(SystemExit, match=r"--reach 1000000: the held-out text has no window of 128 with 500,000"):
+        long_context.main(["--releases", str(folder), "--text", str(tmp_path / "t.txt"), "--out", str(out),
+                           "--reach", "1000000"])  # an absurd length: one line, the record above kept
+    assert json.loads(out.read_text())["runs"]["release"]["reach"] == reach
     assert reach["span"] == "64-128" and reach["windows"] == 5
     for length in (64, 256):
         half, slow = length // 2, []
