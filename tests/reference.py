@@ -48,7 +48,8 @@ def multi_head_attention(layer, x, key_padding_mask=None, quiet=False):
 
 def micro_attention(layer, x, key_padding_mask=None):
     """x_i minus the score-weighted mean, term by term; with positions="alibi" each score s_j of row i times
-    e^{-m (i - j)}, m = 2^(-8 (h + 1) / heads) (ALiBi's slopes for a power-of-two number of heads)."""
+    e^{-m (i - j)}, m = 2^(-8 (h + 1) / heads) (ALiBi's slopes for a power-of-two number of heads; the layer's
+    alibi_bias_max in place of 8)."""
     x = x.double()
     b, n, d = x.shape
     h, hd, p = layer.heads, layer.head_dim, layer.num_queries
@@ -57,7 +58,7 @@ def micro_attention(layer, x, key_padding_mask=None):
     for bi in range(b):
         for hi in range(h):
             sl = slice(hi * hd, (hi + 1) * hd)
-            m = 2 ** (-8 * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
+            m = 2 ** (-layer.alibi_bias_max * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
             scores = [torch.relu(queries[hi] @ x[bi, j]).sum() for j in range(n)]
             if key_padding_mask is not None:
                 scores = [s if key_padding_mask[bi, j] else s * 0 for j, s in enumerate(scores)]
@@ -73,7 +74,7 @@ def micro_attention(layer, x, key_padding_mask=None):
 def elita_attention(layer, x):
     """Attention2's equation for y_i, term by term (plain exponentials: keep inputs moderate); with
     positions="alibi", each history term X_j of row i times e^{-m (i - j)}, m = 2^(-8 (h + 1) / heads) (ALiBi's
-    slopes for a power-of-two number of heads)."""
+    slopes for a power-of-two number of heads; the layer's alibi_bias_max in place of 8)."""
     x = x.double()
     b, n, d = x.shape
     h, hd = layer.heads, layer.head_dim
@@ -88,7 +89,7 @@ def elita_attention(layer, x):
             def p(r, i, hi=hi):
                 return torch.sin(i * a[r, hi] / layer.max_len + ph[r, hi])
 
-            m = 2 ** (-8 * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
+            m = 2 ** (-layer.alibi_bias_max * (hi + 1) / h) if getattr(layer, "positions", None) == "alibi" else 0.0
             big_x = [torch.exp(k1[hi] @ x[bi, j] + p(0, j) @ c[hi]) for j in range(n)]
             for i in range(n):
                 own = torch.exp(k2[hi] @ x[bi, i])

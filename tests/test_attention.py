@@ -315,12 +315,14 @@ def test_elita_without_position_term_saves_and_loads(tmp_path, options):
     torch.testing.assert_close(back(x), model(x))
 
 
-@pytest.mark.parametrize("pos_dim", [16, 0])
-def test_elita_alibi_is_the_equation_with_a_history_fading_by_distance(route, pos_dim):
-    """positions="alibi": the term-by-term equation with each X_j of row i times e^{-m (i - j)} in float64;
-    decoding token by token (state and position carried), left-padded rows, and the kernel's float32 route
-    all give it; and a token's output depends on how far back the others are, not on where they stand."""
-    layer = make("elita", pos_dim=pos_dim, positions="alibi").double()
+@pytest.mark.parametrize("pos_dim, bias_max", [(16, 8), (0, 8), (0, 12)])
+def test_elita_alibi_is_the_equation_with_a_history_fading_by_distance(route, pos_dim, bias_max):
+    """positions="alibi": the term-by-term equation with each X_j of row i times e^{-m (i - j)} in float64
+    (m from ALiBi's rule, or with alibi_bias_max=12 in place of its 8); decoding token by token (state and
+    position carried), left-padded rows, and the kernel's float32 route all give it; and a token's output
+    depends on how far back the others are, not on where they stand."""
+    layer = make("elita", pos_dim=pos_dim, positions="alibi", alibi_bias_max=bias_max).double()
+    assert layer.slopes.tolist() == [2.0 ** -(bias_max / 2), 2.0**-bias_max]
     x = torch.randn(2, 24, 16, dtype=torch.float64)
     full = layer(x)
     torch.testing.assert_close(full, ref.elita_attention(layer, x), atol=1e-10, rtol=1e-10)
@@ -381,13 +383,13 @@ def test_decayed_cumsum_stays_finite_and_exact_over_long_float32_inputs():
     torch.testing.assert_close(got.double(), expected, atol=0, rtol=1e-4)
 
 
-@pytest.mark.parametrize("heads", [1, 2])
-def test_micro_alibi_is_the_mean_with_a_history_fading_by_distance(heads):
-    """positions="alibi": the term-by-term mean with each s_j of row i times e^{-m (i - j)} in float64, over 100
-    tokens (two chunks) and with padding; decoding in pieces and token by token gives it, and so does the float32
-    layer."""
+@pytest.mark.parametrize("heads, bias_max", [(1, 8), (2, 8), (2, 12)])
+def test_micro_alibi_is_the_mean_with_a_history_fading_by_distance(heads, bias_max):
+    """positions="alibi": the term-by-term mean with each s_j of row i times e^{-m (i - j)} in float64 (m from
+    ALiBi's rule, or with alibi_bias_max=12 in place of its 8), over 100 tokens (two chunks) and with padding;
+    decoding in pieces and token by token gives it, and so does the float32 layer."""
     torch.manual_seed(0)
-    layer = make("micro", heads=heads, positions="alibi").double()
+    layer = make("micro", heads=heads, positions="alibi", alibi_bias_max=bias_max).double()
     x = torch.randn(2, 100, 16, dtype=torch.float64)
     full = layer(x)
     torch.testing.assert_close(full, ref.micro_attention(layer, x), atol=1e-10, rtol=1e-10)
@@ -426,19 +428,28 @@ def test_micro_positions_are_refused_where_they_cannot_work():
         make("micro", positions="rope")
     with pytest.raises(ValueError, match=r"positions='alibi' needs causal=True .*got causal=False"):
         make("micro", causal=False, positions="alibi")
+    for name in ("micro", "elita"):  # a slope setting without the fading history would change nothing
+        with pytest.raises(ValueError, match=r"alibi_bias_max sets ALiBi's slopes and needs positions='alibi', "
+                                             r"got alibi_bias_max=12 with positions=None"):
+            make(name, alibi_bias_max=12)
+        with pytest.raises(ValueError, match=r"alibi_bias_max must be a finite number in \(0.0, inf\], got 0"):
+            make(name, positions="alibi", alibi_bias_max=0)
+    assert make("micro", alibi_bias_max=8).slopes is None  # the default, spelled out, is fine
 
 
-def test_micro_alibi_model_saves_loads_and_decodes_as_its_full_pass(tmp_path):
+@pytest.mark.parametrize("options", [{"positions": "alibi"}, {"positions": "alibi", "alibi_bias_max": 12}])
+def test_micro_alibi_model_saves_loads_and_decodes_as_its_full_pass(tmp_path, options):
     import zoo
 
     from .reference import greedy_by_recompute
 
     torch.manual_seed(0)
     model = zoo.create("micro-gpt-tiny", vocab_size=32, context_length=16, embed_dim=32, depth=2, num_heads=2,
-                       attention_options={"positions": "alibi"}).eval()
+                       attention_options=options).eval()
     zoo.save_pretrained(model, tmp_path / "m")
     back = zoo.load(str(tmp_path / "m"))
-    assert all(block.attn.positions == "alibi" for block in back.blocks)
+    slowest = 2.0 ** -options.get("alibi_bias_max", 8)
+    assert all(block.attn.positions == "alibi" and block.attn.slopes[-1] == slowest for block in back.blocks)
     x = torch.randint(0, 32, (2, 16))
     torch.testing.assert_close(back(x), model(x))
     with torch.no_grad():

@@ -57,7 +57,7 @@ def attention_reference(layer, x, mask=None):
     hd = layer.head_dim
     qkv = x @ layer.qkv.weight.double().T + layer.qkv.bias.double()
     q, k, v = qkv[..., :d], qkv[..., d: 2 * d], qkv[..., 2 * d:]
-    slopes = paper_slopes(layer.heads)
+    slopes = [m ** (layer.alibi_bias_max / 8) for m in paper_slopes(layer.heads)]  # 2^(-8k/n) -> 2^(-bias_max k/n)
     out = torch.zeros(b, n, d, dtype=torch.float64)
     for bi in range(b):
         for h in range(layer.heads):
@@ -139,6 +139,10 @@ def test_alibi_slopes_known_values_and_the_papers_rule():
         torch.testing.assert_close(alibi_slopes(heads), torch.tensor(paper_slopes(heads), dtype=torch.float64),
                                    atol=0, rtol=1e-14)
     assert alibi_slopes(4, dtype=torch.float32).dtype == torch.float32
+    # MPT's alibi_bias_max in place of the paper's 8: 2^(-12 (i + 1) / n)
+    assert alibi_slopes(4, bias_max=12).tolist() == [2.0**-3, 2.0**-6, 2.0**-9, 2.0**-12]
+    assert alibi_slopes(2, bias_max=16.0).tolist() == [2.0**-8, 2.0**-16]
+    assert alibi_slopes(3, bias_max=12).tolist() == [2.0**-6, 2.0**-12, 2.0**-3]
 
 
 def test_alibi_bias_values():
@@ -163,6 +167,11 @@ def test_layer_matches_float64_reference(name, positions, causal, heads):
     layer = make(name, positions, causal, dim=16, heads=heads).double()
     x = torch.randn(2, 9, 16)
     torch.testing.assert_close(layer(x.double()), attention_reference(layer, x), atol=1e-10, rtol=1e-10)
+    if positions == "alibi":  # slower slopes (alibi_bias_max 12: the slowest 2^-12) change it as the reference says
+        slower = make(name, positions, causal, dim=16, heads=heads, alibi_bias_max=12).double()
+        slower.load_state_dict(layer.state_dict())
+        torch.testing.assert_close(slower(x.double()), attention_reference(slower, x), atol=1e-10, rtol=1e-10)
+        assert (slower(x.double()) - layer(x.double())).abs().max() > 1e-3
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[0, :3] = False  # left padding
     mask[1, 4] = mask[1, 7:] = False  # a hole and right padding
@@ -341,6 +350,14 @@ def test_bad_input_to_the_functions_is_refused():
         rotate(x, torch.arange(4), base=-1.0)
     with pytest.raises(ValueError, match="heads as an int >= 1, got 0"):
         alibi_slopes(0)
+    with pytest.raises(ValueError, match=r"SoftmaxAttention alibi_bias_max sets ALiBi's slopes and needs "
+                                         r"positions='alibi', got alibi_bias_max=12 with positions='rope'"):
+        make("softmax", "rope", alibi_bias_max=12)
+    for bad in (0, -8, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"alibi_slopes bias_max must be a finite number in \(0.0, inf\]"):
+            alibi_slopes(4, bias_max=bad)
+    with pytest.raises(TypeError, match="bias_max must be a number, got True"):
+        alibi_slopes(4, bias_max=True)
     with pytest.raises(ValueError, match="slopes as a 1-D"):
         alibi_bias(torch.ones(2, 2), torch.arange(3), torch.arange(3))
 
@@ -352,10 +369,10 @@ def test_swap_keeps_rope_and_alibi_and_says_when_incontext_drops_them(caplog):
 
     torch.manual_seed(0)
     x = torch.randn(2, 9, 32)
-    for positions in ("rope", "alibi"):
-        model = nn.Sequential(SoftmaxAttention(32, heads=2, causal=True, positions=positions))
+    for positions, options in (("rope", {"rope_base": 500.0}), ("alibi", {"alibi_bias_max": 12})):
+        model = nn.Sequential(SoftmaxAttention(32, heads=2, causal=True, positions=positions, **options))
         swap(model, "quiet")
-        twin = QuietAttention(32, heads=2, causal=True, positions=positions)  # built by hand with the same weights
+        twin = QuietAttention(32, heads=2, causal=True, positions=positions, **options)  # by hand, the same weights
         twin.load_state_dict(model[0].state_dict())
         torch.testing.assert_close(model(x), twin(x))
         plain = QuietAttention(32, heads=2, causal=True)
@@ -390,6 +407,29 @@ def test_text_models_take_rope_and_alibi_as_their_positions(positions, tmp_path)
     torch.testing.assert_close(again(x), full)
     with pytest.raises(ValueError, match=f"pos_embed='{positions}' acts inside the softmax family's blocks"):
         zoo.create("micro-gpt-tiny", pos_embed=positions)
+
+
+def test_a_text_model_with_alibi_takes_slower_slopes_and_keeps_them(tmp_path):
+    import zoo
+
+    torch.manual_seed(0)
+    model = zoo.create("gpt-tiny", pos_embed="alibi", context_length=32, depth=2,
+                       attention_options={"alibi_bias_max": 12}).eval()
+    x = torch.randint(0, model.vocab_size, (2, 64))
+    for block in model.blocks:  # each block's layer against the float64 reference with the slower slopes
+        assert block.attn.alibi_bias_max == 12
+        h = torch.randn(1, 9, block.attn.dim)
+        torch.testing.assert_close(block.attn.double()(h.double()), attention_reference(block.attn, h),
+                                   atol=1e-10, rtol=1e-10)
+        block.attn.float()
+    model.save_pretrained(tmp_path / "release")
+    again = zoo.load(tmp_path / "release")
+    assert all(block.attn.alibi_bias_max == 12 for block in again.blocks)
+    torch.testing.assert_close(again(x), model(x))
+    with pytest.raises(ValueError, match=r"block 0 \(softmax\): SoftmaxAttention alibi_bias_max sets ALiBi's "
+                                         r"slopes and needs positions='alibi', got alibi_bias_max=12 with "
+                                         r"positions=None"):
+        zoo.create("gpt-tiny", attention_options={"alibi_bias_max": 12})
 
 
 @pytest.mark.slow  # about 20 s each: three graphs exported and checked in ONNX Runtime

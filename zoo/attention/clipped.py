@@ -48,7 +48,7 @@ class ClippedSoftmaxAttention(SoftmaxAttention):
         alpha: gamma's numerator, a number >= 0 (default 4, our choice; 0 gives a plain softmax when zeta = 1).
         zeta: the stretch's upper end, a number >= 1 (default 1).
         **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`,
-            `positions` ("rope", "alibi"), `rope_base`.
+            `positions` ("rope", "alibi"), `rope_base`, `alibi_bias_max`.
     """
 
     def __init__(self, dim: int, heads: int = 1, causal: bool = False, alpha: float = 4.0, zeta: float = 1.0,

@@ -57,7 +57,7 @@ from torch import nn
 import zoo.attention.blocks as blocks
 import zoo.attention.native as native
 from zoo.attention.attend import autocast_off, refuse_attn_mask
-from zoo.attention.positions import alibi_slopes
+from zoo.attention.positions import alibi_slopes, check_alibi_bias_max
 from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
@@ -175,6 +175,8 @@ class ElitaAttention(nn.Module):
             by e^{-m_h (i - j)} with ALiBi's slope m_h per head, added to the sine term (pos_dim=0 for none).
             The logits then grow with the position (m_h i): in float32 they keep about 7 digits, so at 100k
             tokens and m_h = 1/4 the weights are exact to a few parts in a thousand.
+        alibi_bias_max: with positions="alibi", the exponent of the slowest slope, 2^-alibi_bias_max, a number
+            > 0 (default 8, ALiBi's). See `alibi_slopes`.
     """
 
     def __init__(
@@ -186,6 +188,7 @@ class ElitaAttention(nn.Module):
         pos_dim: int = 16,
         chunk_size: int = 64,
         positions: str | None = None,
+        alibi_bias_max: float = 8.0,
     ):
         super().__init__()
         owner = type(self).__name__
@@ -209,10 +212,10 @@ class ElitaAttention(nn.Module):
         self.phase = nn.Parameter(torch.rand(2, heads, pos_dim) * 2 * math.pi)
         self.pos_weight = nn.Parameter(torch.randn(heads, pos_dim) * max(pos_dim, 1) ** -0.5 * 0.1)  # c
         self.value = nn.Linear(dim, dim, bias=False)  # V, one slice of rows per head
-        self.positions = positions
-        # m_h: fixed, as in ALiBi; a buffer that is not saved (it follows from heads alone)
-        self.register_buffer("slopes", alibi_slopes(heads, dtype=torch.float32) if positions else None,
-                             persistent=False)
+        self.positions, self.alibi_bias_max = positions, check_alibi_bias_max(positions, alibi_bias_max, owner)
+        # m_h: fixed, as in ALiBi; a buffer that is not saved (it follows from heads and alibi_bias_max)
+        slopes = alibi_slopes(heads, bias_max=self.alibi_bias_max, dtype=torch.float32) if positions else None
+        self.register_buffer("slopes", slopes, persistent=False)
 
     def _terms(self, x: torch.Tensor, start: int):
         """History logits l, self logits u, row offsets w (each (B, L, H), at least float32) and

@@ -40,7 +40,7 @@ class GatedAttention(SoftmaxAttention):
         gate_bias: the gates' starting bias b_h, a finite number (default 0: a gate of 0.5 for a zero input;
             the weights w_h start random, with standard deviation d^-0.5).
         **kwargs (Any): SoftmaxAttention's other options: `bias`, `dropout`, `max_len`, `learned_bias`,
-            `positions` ("rope", "alibi"), `rope_base`.
+            `positions` ("rope", "alibi"), `rope_base`, `alibi_bias_max`.
     """
 
     def __init__(self, dim: int, heads: int = 1, causal: bool = False, gate_bias: float = 0.0, **kwargs):

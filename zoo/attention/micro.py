@@ -47,7 +47,7 @@ from torch import nn
 import zoo.attention.blocks as blocks
 import zoo.attention.native as native
 from zoo.attention.attend import autocast_off, refuse_attn_mask
-from zoo.attention.positions import alibi_slopes
+from zoo.attention.positions import alibi_slopes, check_alibi_bias_max
 from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
@@ -145,10 +145,13 @@ class MicroAttention(nn.Module):
         positions: None (default: the mean as written, every earlier token by its score alone) or "alibi": a
             history fading with distance, token j in m_t weighed by e^{-m_h (t - j)} s_j with ALiBi's slope m_h
             per head (causal layers only). It adds no parameters.
+        alibi_bias_max: with positions="alibi", the exponent of the slowest slope, 2^-alibi_bias_max, a number
+            > 0 (default 8, ALiBi's: with 4 heads the slowest head's weight falls below 1% about 1,180 tokens
+            back; 12 puts that near 19,000). See `alibi_slopes`.
     """
 
     def __init__(self, dim: int, heads: int = 1, causal: bool = True, num_queries: int = 4,
-                 positions: str | None = None):
+                 positions: str | None = None, alibi_bias_max: float = 8.0):
         super().__init__()
         owner = type(self).__name__
         self.head_dim = check_heads(dim, heads, owner)
@@ -162,10 +165,10 @@ class MicroAttention(nn.Module):
         self.queries = nn.Parameter(torch.empty(heads * num_queries, dim))
         nn.init.xavier_uniform_(self.queries)
         self.proj = nn.Linear(dim, dim, bias=False)
-        self.positions = positions
-        # m_h: fixed, as in ALiBi; a buffer that is not saved (it follows from heads alone)
-        self.register_buffer("slopes", alibi_slopes(heads, dtype=torch.float32) if positions else None,
-                             persistent=False)
+        self.positions, self.alibi_bias_max = positions, check_alibi_bias_max(positions, alibi_bias_max, owner)
+        # m_h: fixed, as in ALiBi; a buffer that is not saved (it follows from heads and alibi_bias_max)
+        slopes = alibi_slopes(heads, bias_max=self.alibi_bias_max, dtype=torch.float32) if positions else None
+        self.register_buffer("slopes", slopes, persistent=False)
 
     def _scores_and_tokens(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None):
         """Scores (batch, length, heads), zero at padding, and tokens (batch, length, heads, head_dim)."""

@@ -62,7 +62,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
 
 
-def alibi_slopes(heads: int, *, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+def alibi_slopes(heads: int, *, bias_max: float = 8.0, dtype: torch.dtype = torch.float64,
+                 device=None) -> torch.Tensor:
     """ALiBi's slope m_h for each of `heads` heads (Press et al. 2022, section 3 and their code).
 
     For n heads, n a power of two, the slopes are the geometric sequence that starts at 2^(-8/n) with that
@@ -70,8 +71,12 @@ def alibi_slopes(heads: int, *, dtype: torch.dtype = torch.float64, device=None)
     power of two below n: the c slopes for c heads, then every other slope of 2c heads (the 1st, 3rd, ...),
     n - c of them (6 heads: 2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3).
 
+    bias_max replaces the paper's 8 in those exponents (MPT's alibi_bias_max): the slowest slope is
+    2^-bias_max, so a larger one lets the slowest head see further back (4 heads at 12: 1/8, ..., 1/4,096).
+
     Args:
         heads: the number of heads, an int >= 1.
+        bias_max: the exponent of the slowest slope, a number > 0 (default 8, the paper's).
         dtype: the slopes' dtype (default float64; they are computed in Python floats).
         device: where the slopes live (default the CPU).
 
@@ -80,13 +85,24 @@ def alibi_slopes(heads: int, *, dtype: torch.dtype = torch.float64, device=None)
     """
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
         raise ValueError(f"alibi_slopes expects heads as an int >= 1, got {heads!r}")
+    bias_max = number(bias_max, "bias_max", "alibi_slopes", include_minimum=False)
 
     def geometric(n: int) -> list[float]:
-        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+        return [2.0 ** (-bias_max * (i + 1) / n) for i in range(n)]
 
     lower = 2 ** int(math.log2(heads))
     slopes = geometric(lower) + geometric(2 * lower)[0::2][: heads - lower]
     return torch.tensor(slopes, dtype=dtype, device=device)
+
+
+def check_alibi_bias_max(positions: str | None, bias_max, owner: str) -> float:
+    """A layer's alibi_bias_max, checked: a finite number > 0, and other than 8 only with positions="alibi"
+    (elsewhere it would change nothing, and a setting that silently does nothing reads as if it had worked)."""
+    bias_max = number(bias_max, "alibi_bias_max", owner, include_minimum=False)
+    if positions != "alibi" and bias_max != 8.0:
+        raise ValueError(f"{owner} alibi_bias_max sets ALiBi's slopes and needs positions='alibi', "
+                         f"got alibi_bias_max={bias_max:g} with positions={positions!r}")
+    return bias_max
 
 
 def alibi_bias(slopes: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor,

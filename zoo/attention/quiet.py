@@ -48,6 +48,7 @@ class QuietAttention(SoftmaxAttention):
             started at zero; default False.
         positions: None (default), "rope" or "alibi", as for SoftmaxAttention; the zero key keeps logit 0.
         rope_base: RoPE's frequency base, a finite number > 1 (default 10000).
+        alibi_bias_max: the exponent of ALiBi's slowest slope (default 8), as for SoftmaxAttention.
     """
 
     quiet = True

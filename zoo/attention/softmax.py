@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.attention.attend import attend, check_attn_mask
-from zoo.attention.positions import alibi_bias, alibi_slopes, rotate
+from zoo.attention.positions import alibi_bias, alibi_slopes, check_alibi_bias_max, rotate
 from zoo.utils.checks import (
     check_heads,
     check_padding_mask,
@@ -135,6 +135,8 @@ class SoftmaxAttention(nn.Module):
         positions: None (default: none, positions come from outside, e.g. the model's embedding), "rope"
             (rotary; needs an even head width) or "alibi" (linear biases).
         rope_base: RoPE's frequency base, a finite number > 1 (default 10000); used with positions="rope".
+        alibi_bias_max: the exponent of ALiBi's slowest slope, 2^-alibi_bias_max, a number > 0 (default 8,
+            the paper's); used with positions="alibi". See `alibi_slopes`.
     """
 
     quiet = False  # QuietAttention flips this to normalize with softmax_one
@@ -150,6 +152,7 @@ class SoftmaxAttention(nn.Module):
         learned_bias: bool = False,
         positions: str | None = None,
         rope_base: float = 10000.0,
+        alibi_bias_max: float = 8.0,
     ):
         super().__init__()
         owner = type(self).__name__
@@ -161,6 +164,7 @@ class SoftmaxAttention(nn.Module):
             raise ValueError(f"{owner}(positions='rope') rotates channel pairs and needs an even head width "
                              f"dim / heads, got {dim} / {heads} = {self.head_dim}")
         self.positions, self.rope_base = positions, rope_base
+        self.alibi_bias_max = check_alibi_bias_max(positions, alibi_bias_max, owner)
         causal, bias = flag(causal, "causal", owner), flag(bias, "bias", owner)
         learned_bias = flag(learned_bias, "learned_bias", owner)
         dropout = number(dropout, "dropout", owner, maximum=1.0, include_maximum=False)
@@ -220,8 +224,8 @@ class SoftmaxAttention(nn.Module):
             bias = self.attn_bias[:, start:stop, :stop]
         if self.positions == "alibi":
             device = self.qkv.weight.device
-            alibi = alibi_bias(alibi_slopes(self.heads, dtype=torch.float32, device=device),
-                               torch.arange(start, stop, device=device), torch.arange(stop, device=device),
+            slopes = alibi_slopes(self.heads, bias_max=self.alibi_bias_max, dtype=torch.float32, device=device)
+            alibi = alibi_bias(slopes, torch.arange(start, stop, device=device), torch.arange(stop, device=device),
                                causal=self.causal)
             bias = alibi if bias is None else bias + alibi
         return bias

@@ -167,7 +167,7 @@ def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
         if getattr(old, "attn_bias", None) is not None:
             args.update(max_len=old.max_len, learned_bias=True)
         if isinstance(old, SoftmaxAttention) and old.positions is not None:  # rope or alibi: the new layer keeps them
-            args.update(positions=old.positions, rope_base=old.rope_base)
+            args.update(positions=old.positions, rope_base=old.rope_base, alibi_bias_max=old.alibi_bias_max)
         notes = ["its gates are dropped"] if isinstance(old, GatedAttention) else []
         return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
     if isinstance(old, nn.MultiheadAttention):
@@ -205,7 +205,7 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
             del args["max_len"]
             notes.append("its learned bias is dropped")
         if args.pop("positions", None) is not None:
-            del args["rope_base"]
+            del args["rope_base"], args["alibi_bias_max"]
             notes.append("its rope or alibi positions are dropped (incontext makes its own)")
     args.update(options)
     if cls is ElitaAttention and args["causal"] is False:
