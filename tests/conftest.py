@@ -7,7 +7,8 @@ from hypothesis import settings
 
 settings.register_profile("zoo", deadline=None, max_examples=15, derandomize=True)
 settings.load_profile("zoo")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the cores shared among pytest-xdist's workers (-n), so that two workers on two cores do not fight over four threads
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
 
 
 @pytest.fixture(autouse=True)

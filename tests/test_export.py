@@ -161,7 +161,7 @@ def test_inductor_every_model(name):
 # ---- torch.export ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SAME_CODE else n for n in NAMES])
+@pytest.mark.parametrize("name", SMALL_SLOW)
 def test_export_with_dynamic_batch_and_length(name):
     model = zoo.create(name).eval()
     text = hasattr(model, "vocab_size")
