@@ -158,7 +158,7 @@ def test_compile_fullgraph_forward_and_training_step(name):
 
 
 class SoftmaxOneLayer(torch.nn.Module):
-    """softmax_one on learned logits (the attentions reach it through SDPA's fused route, not the operator)."""
+    """softmax_one on learned logits (quiet attention gets it from SDPA with a zero key in front, not the operator)."""
 
     def __init__(self, dim: int):
         super().__init__()
