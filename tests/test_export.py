@@ -148,11 +148,11 @@ def module_compiled_equals_eager(module: torch.nn.Module, x: torch.Tensor, backe
 # another that is already run) take 3-6 s each and are in the slow set, which runs every model.
 CROSSINGS = ("quiet-vit-tiny", "gated-vit-tiny", "clipped-vit-tiny", "hybrid-micro-vit-tiny", "fused-1d-tiny",
              "fused-3d-tiny")
-SMALL_SLOW = [pytest.param(n, marks=pytest.mark.slow) if n.endswith("-small") or n in SAME_CODE + CROSSINGS else n
-              for n in NAMES]
+EACH_ONCE_BY_DEFAULT = [pytest.param(n, marks=pytest.mark.slow)
+                        if n.endswith("-small") or n in SAME_CODE + CROSSINGS else n for n in NAMES]
 
 
-@pytest.mark.parametrize("name", SMALL_SLOW)
+@pytest.mark.parametrize("name", EACH_ONCE_BY_DEFAULT)
 def test_compile_fullgraph_forward_and_training_step(name):
     compiled_equals_eager(name, "aot_eager")
 
@@ -196,7 +196,7 @@ def test_inductor_every_model(name):
 # ---- torch.export ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", SMALL_SLOW)
+@pytest.mark.parametrize("name", EACH_ONCE_BY_DEFAULT)
 def test_export_with_dynamic_batch_and_length(name):
     model = zoo.create(name).eval()
     text = hasattr(model, "vocab_size")
