@@ -136,11 +136,11 @@ def test_wheel_in_a_fresh_environment_is_the_product(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("attention_zoo-*.whl")
     # The dependencies come from this interpreter's site-packages (they are not what is tested, and the
     # machine has no network for them); zoo itself only from the wheel.
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    venv = tmp_path / "venv"  # without a pip of its own (6 s to install): this one installs into it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python, zoo_command = venv / "bin" / "python", venv / "bin" / "zoo"
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, capture_output=True)
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}

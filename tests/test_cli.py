@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from zoo.cli import HELP, main
-from zoo.training.recipes import list_recipes
+from zoo.cli.recipes import list_recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",

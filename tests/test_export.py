@@ -31,8 +31,9 @@ TEXT_CHECKPOINTS = [c for c in CHECKPOINTS if zoo.models.registry.entry(c.split(
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 SHIPPED = Path(__file__).resolve().parents[1] / "checkpoints"
 # models that run another's code in the default run: hybrid-elita-conv1-gpt-tiny is hybrid-elita-conv-gpt-tiny
-# with its convolution in one block of four; their per-model tests (3-4 s each) are in the slow set
-SAME_CODE = ("hybrid-elita-conv1-gpt-tiny",)
+# with its convolution in one block of four, the plain hybrids their short-convolution ones without it; their
+# per-model tests (3-7 s each) and default checkpoints' decoding are in the slow set
+SAME_CODE = ("hybrid-elita-conv1-gpt-tiny", "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny")
 
 
 def _args(checkpoint: str) -> dict:
@@ -42,14 +43,15 @@ def _args(checkpoint: str) -> dict:
 
 
 def _decoding_cases() -> list:
-    """Every text checkpoint, those that export the same code as their model's default one in the slow set
-    (gpt-tiny.warpeace is gpt-tiny.shakespeare at another length): the programs take 2-4 s to export each."""
+    """Every text checkpoint, in the slow set those that export the same code as their model's default one
+    (gpt-tiny.warpeace is gpt-tiny.shakespeare at another length) and SAME_CODE's default ones (the plain hybrids'
+    per-layer positions on War and Peace stay): the programs take 2-5 s to export each."""
     cases = []
     for checkpoint in TEXT_CHECKPOINTS:
         name = checkpoint.split(".")[0]
         default = f"{name}.{zoo.models.registry.entry(name).default_tag}"
-        same = name in SAME_CODE or (checkpoint != default and default in TEXT_CHECKPOINTS
-                                     and _args(checkpoint) == _args(default))
+        same = (name in SAME_CODE and checkpoint == default) or (
+            checkpoint != default and default in TEXT_CHECKPOINTS and _args(checkpoint) == _args(default))
         cases.append(pytest.param(checkpoint, marks=pytest.mark.slow) if same else checkpoint)
     return cases
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -157,6 +158,26 @@ def test_matmul_rate_is_a_plausible_measurement():
     assert set(cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"}
 
 
+def test_matmul_rate_times_one_product_where_one_outlasts_the_budget(monkeypatch):
+    """Slow products (bf16 without AVX-512: 2 s each) are timed once, fast ones after a warm-up, best of repeats."""
+    from zoo.training import precision
+
+    calls = []
+
+    def mm(a, b, seconds):
+        calls.append(seconds)
+        time.sleep(seconds)  # sleep lasts at least this long, so the budget is passed or not for certain
+        return a
+
+    monkeypatch.setattr(precision.torch, "mm", lambda a, b: mm(a, b, 0.3))
+    rate = precision.matmul_rate(torch.float32, size=64, budget=0.2)
+    assert len(calls) == 1 and rate <= 2 * 64**3 / 0.3 / 1e9
+    calls.clear()
+    monkeypatch.setattr(precision.torch, "mm", lambda a, b: mm(a, b, 0.01))
+    precision.matmul_rate(torch.float32, size=64, repeats=3, budget=float("inf"))
+    assert len(calls) == 4  # the warm-up and three timed
+
+
 def test_weight_decay_groups_and_schedule():
     model = zoo.create("gpt-tiny", depth=1)
     decay, no_decay = parameter_groups(model, 0.1)
@@ -213,15 +234,20 @@ def run_zoo(*args, cwd, timeout=300):
                           timeout=timeout, env=env)
 
 
-def test_cli_models_table(tmp_path):
-    out = run_zoo("models", "micro-*", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+def test_cli_models_table(capsys):
+    from zoo.cli import main
+
+    main(["models", "micro-*"])
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "family", "attention", "params", "pretrained"]
     assert any(line.startswith("micro-vit-tiny") and "micro" in line for line in lines)
 
 
-def test_cli_fit_test_and_export(tmp_path):
+def test_cli_fit_test_and_export(tmp_path, capsys):
+    """`zoo fit` in its own process (as a user runs it), then `zoo export` and `zoo check` in this one: each
+    process pays ~9 s to import Lightning, and the others' one-line errors are tested in tests/test_cli.py."""
+    from zoo.cli import main
+
     recipe = tmp_path / "r.yaml"
     recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text()
                       .replace("max_epochs: 30", "max_epochs: 2")
@@ -236,13 +262,13 @@ def test_cli_fit_test_and_export(tmp_path):
     assert model.config["img_size"] == 8 and 0.0 <= metrics["test/acc"] <= 1.0
     ckpts = sorted((tmp_path / "runs").rglob("last.ckpt"))
     assert ckpts, "ModelCheckpoint kept no last checkpoint"
-    out = run_zoo("export", str(ckpts[0]), str(tmp_path / "exported"), "--config", str(recipe), cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
+    main(["export", str(ckpts[0]), str(tmp_path / "exported"), "--config", str(recipe)])
     assert "test/acc" in (tmp_path / "exported" / "README.md").read_text()
-    out = run_zoo("check", str(tmp_path / "release"), "--data-root", str(tmp_path), cwd=tmp_path)
-    assert out.returncode == 0 and "test/acc" in out.stdout and "MISMATCH" not in out.stdout, out.stderr[-3000:]
-    bare = run_zoo("export", str(ckpts[0]), str(tmp_path / "bare"), cwd=tmp_path)
-    assert bare.returncode == 0, bare.stderr[-3000:]
+    capsys.readouterr()
+    main(["check", str(tmp_path / "release"), "--data-root", str(tmp_path)])
+    checked = capsys.readouterr().out
+    assert "test/acc" in checked and "MISMATCH" not in checked, checked
+    main(["export", str(ckpts[0]), str(tmp_path / "bare")])
     assert "No metrics were recorded" in (tmp_path / "bare" / "README.md").read_text()
 
 

@@ -80,9 +80,9 @@ def leaderboard_command(argv: list[str]) -> None:
 
 def plan(args, fit_args: list[str]):
     """The group, its runs and the results file, every argument checked before anything runs."""
+    from zoo.cli.recipes import read_recipe, resolve_recipe
     from zoo.models.registry import entry
     from zoo.training import leaderboard, task_class
-    from zoo.training.recipes import read_recipe, resolve_recipe
     from zoo.utils.atomic import check_parents, check_writable_folder
 
     for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs), ("--threads", args.threads)):

@@ -11,7 +11,7 @@ def resolve_configs(args: list[str]) -> list[str]:
     """`args` with each `--config NAME` that names a packaged recipe replaced by its path, every recipe
     read once here (UTF-8, plain YAML, a mapping) so that a bad one is refused in one line; and a run
     whose recipes and arguments give no data at all is refused before anything is built."""
-    from zoo.training.recipes import read_recipe, resolve_recipe
+    from zoo.cli.recipes import read_recipe, resolve_recipe
 
     out, recipes = [], []
     i = 0

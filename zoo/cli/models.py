@@ -25,7 +25,7 @@ def models_command(argv: list[str]) -> None:
 
 
 def recipes_command(argv: list[str]) -> None:
-    from zoo.training.recipes import list_recipes
+    from zoo.cli.recipes import list_recipes
 
     parser = argparse.ArgumentParser(prog="zoo recipes", description="List the packaged recipes: `zoo fit --config "
                                                                      "NAME` trains one.")
