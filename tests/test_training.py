@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import zoo
+from zoo.cli import main
 from zoo.data import MNIST, MNIST1D, AdrenalMNIST3D, CharText, Digits, FashionMNIST
 from zoo.training import ClassificationTask, LanguageModelTask
 from zoo.training.classification import fit_to_data
@@ -235,8 +236,6 @@ def run_zoo(*args, cwd, timeout=300):
 
 
 def test_cli_models_table(capsys):
-    from zoo.cli import main
-
     main(["models", "micro-*"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "family", "attention", "params", "pretrained"]
@@ -246,8 +245,6 @@ def test_cli_models_table(capsys):
 def test_cli_fit_test_and_export(tmp_path, capsys):
     """`zoo fit` in its own process (as a user runs it), then `zoo export` and `zoo check` in this one: each
     process pays ~9 s to import Lightning, and the others' one-line errors are tested in tests/test_cli.py."""
-    from zoo.cli import main
-
     recipe = tmp_path / "r.yaml"
     recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text()
                       .replace("max_epochs: 30", "max_epochs: 2")
