@@ -1,6 +1,7 @@
 """The `zoo` command as a stranger meets it: every command listed, a version, recipes by name, and
 every error a user can fix said in one line, `zoo COMMAND: error: ...` (the traceback behind --debug)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,19 @@ def test_recipes_are_listed_and_every_one_is_a_file_in_recipes(capsys):
     out = capsys.readouterr().out
     shipped = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert sorted(list_recipes()) == shipped and all(name in out for name in shipped)
+
+
+@pytest.mark.parametrize("argv", [["recipes"], ["--help"]])
+def test_a_reader_that_leaves_early_gets_no_error(argv):
+    """`zoo recipes | head -1`: the pipe closes before zoo has written all; no 'Broken pipe' error, status 141."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already gone, so the first write fails (deterministically, not by a race)
+    try:
+        out = subprocess.run([sys.executable, "-m", "zoo.cli", *argv], stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (out.returncode, out.stderr) == (141, "")
 
 
 def test_a_recipe_name_resolves_and_a_path_of_the_same_name_wins(tmp_path, monkeypatch, capsys):

@@ -66,6 +66,17 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _run(argv)
+        sys.stdout.flush()  # so that a reader who left early is noticed here rather than at interpreter exit
+    except BrokenPipeError:
+        # `zoo models | head`: the reader has what it wanted. As Python's docs advise, send the rest of the
+        # output nowhere and leave quietly, with the status a tool killed by SIGPIPE would have (128 + 13).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
+
+
+def _run(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     ours = argv[: argv.index("--")] if "--" in argv else argv  # what follows `--` is passed on untouched
     debug = "--debug" in ours or os.environ.get("ZOO_DEBUG", "") not in ("", "0")
@@ -90,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         getattr(importlib.import_module(module), function)(argv if command in LIGHTNING else argv[1:])
     except KeyboardInterrupt:
         raise SystemExit(f"zoo {command}: interrupted") from None
+    except BrokenPipeError:
+        raise  # not the user's input at fault: main() handles it
     except Exception as error:
         if debug or not isinstance(error, expected_errors()):
             raise
