@@ -65,6 +65,16 @@ def test_a_reader_that_leaves_early_gets_no_error(argv):
     assert (out.returncode, out.stderr) == (141, "")
 
 
+def test_a_broken_connection_elsewhere_is_still_an_error():
+    """Only a closed stdout ends zoo quietly: a broken pipe from anything else (an upload) is reported."""
+    code = ("import zoo.cli.models as m\n"
+            "def broken(argv): raise BrokenPipeError('the connection to the Hub closed')\n"
+            "m.recipes_command = broken\n"
+            "from zoo.cli import main; main(['recipes'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip() == "zoo recipes: error: the connection to the Hub closed"
+
+
 def test_a_recipe_name_resolves_and_a_path_of_the_same_name_wins(tmp_path, monkeypatch, capsys):
     from zoo.cli.lightning import resolve_configs
 

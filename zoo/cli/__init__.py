@@ -70,10 +70,25 @@ def main(argv: list[str] | None = None) -> None:
         _run(argv)
         sys.stdout.flush()  # so that a reader who left early is noticed here rather than at interpreter exit
     except BrokenPipeError:
+        if not reader_has_left():
+            raise  # a connection elsewhere broke, and --debug asked for its traceback
         # `zoo models | head`: the reader has what it wanted. As Python's docs advise, send the rest of the
         # output nowhere and leave quietly, with the status a tool killed by SIGPIPE would have (128 + 13).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(141) from None
+
+
+def reader_has_left() -> bool:
+    """Whether our stdout is a pipe nobody reads any more, so that a broken connection elsewhere (an upload,
+    say) is still reported as an error rather than taken for `| head`."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no file behind stdout
+        return True
 
 
 def _run(argv: list[str] | None) -> None:
@@ -101,9 +116,9 @@ def _run(argv: list[str] | None) -> None:
         getattr(importlib.import_module(module), function)(argv if command in LIGHTNING else argv[1:])
     except KeyboardInterrupt:
         raise SystemExit(f"zoo {command}: interrupted") from None
-    except BrokenPipeError:
-        raise  # not the user's input at fault: main() handles it
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and reader_has_left():
+            raise  # not the user's input at fault: main() ends quietly
         if debug or not isinstance(error, expected_errors()):
             raise
         raise SystemExit(f"zoo {command}: error: {one_line(error)}") from None
