@@ -75,6 +75,17 @@ def test_a_broken_connection_elsewhere_is_still_an_error():
     assert out.returncode == 1 and out.stderr.strip() == "zoo recipes: error: the connection to the Hub closed"
 
 
+def test_a_broken_pipe_with_no_file_behind_stdout_is_an_error(monkeypatch, capsys):
+    """In-process, stdout captured (no descriptor): a broken pipe cannot be stdout's, so it is reported."""
+    import zoo.cli.models
+
+    def broken(argv):
+        raise BrokenPipeError("the connection to the Hub closed")
+
+    monkeypatch.setattr(zoo.cli.models, "recipes_command", broken)
+    assert error_of(["recipes"]) == "zoo recipes: error: the connection to the Hub closed"
+
+
 def test_a_recipe_name_resolves_and_a_path_of_the_same_name_wins(tmp_path, monkeypatch, capsys):
     from zoo.cli.lightning import resolve_configs
 

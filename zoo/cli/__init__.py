@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import sys
 
 LIGHTNING = {"fit": "train a model from a recipe (Lightning's CLI; --help lists every option)",
@@ -81,14 +82,15 @@ def main(argv: list[str] | None = None) -> None:
 def reader_has_left() -> bool:
     """Whether our stdout is a pipe nobody reads any more, so that a broken connection elsewhere (an upload,
     say) is still reported as an error rather than taken for `| head`."""
-    try:
-        import select
-
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no file behind stdout
+    if not hasattr(select, "poll"):  # Windows: no way to ask, so trust the error
         return True
+    try:
+        descriptor = sys.stdout.fileno()
+    except (OSError, ValueError):  # no file behind stdout (a capture in tests): it cannot be a closed pipe
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def _run(argv: list[str] | None) -> None:
