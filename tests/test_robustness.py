@@ -191,6 +191,7 @@ READER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 23 s of three processes; the swap under a reader is forced, quickly, in the next test
 def test_concurrent_readers_and_writers_see_whole_releases(tmp_path):
     folder = marked(1.0).save_pretrained(tmp_path / "m")
     reader = subprocess.Popen([sys.executable, "-c", READER, str(folder), "6"], stdout=subprocess.PIPE,
