@@ -244,7 +244,8 @@ def test_bad_recipes_and_result_files_are_refused_and_left_as_they_were(fake_fit
     assert len(calls(fake_fit)) == 1  # the second budget would have been skipped as done: refused instead
 
 
-@pytest.mark.slow  # 26 s; the tests above run the same command on a stand-in fit, test_training the real one
+# 26 s beside the other tests; the tests above run the same command on a stand-in fit, test_training the real one
+@pytest.mark.slow
 def test_zoo_leaderboard_end_to_end_on_the_quickstart_recipe(tmp_path, monkeypatch, capsys):
     """The real `zoo fit`, 2 models x 1 seed on a budget of two steps (about 20 s on two cores)."""
     monkeypatch.chdir(tmp_path)
