@@ -172,44 +172,29 @@ def test_saves_killed_at_random_points_keep_a_loadable_release(tmp_path):
     assert version_of(zoo.load(folder)) == 4.0
 
 
-READER = textwrap.dedent("""
-    import json, sys, time, torch, zoo
-    folder, seconds = sys.argv[1], float(sys.argv[2])
-    zoo.load(folder)
-    print("ready", flush=True)  # imported and warm: the writers start now
-    seen, errors, deadline = {}, [], time.time() + seconds
-    while time.time() < deadline:
+def test_concurrent_readers_and_writers_see_whole_releases(tmp_path):
+    """Two writer processes save over one release while this process, already warm, loads it in a loop."""
+    folder = marked(1.0).save_pretrained(tmp_path / "m")
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), values, "30"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for values in ("2.0,3.0", "4.0")]
+    seen, errors = {}, []
+    while any(w.poll() is None for w in writers):
         try:
             m = zoo.load(folder)
-            values = {float(v) for p in m.parameters() for v in p.unique()}
+            values = {float(v) for p in m.parameters() for v in p.detach().unique()}
             label = m.config["label_names"][0]
             key = "mixed" if len(values) != 1 or label != str(next(iter(values))) else label
             seen[key] = seen.get(key, 0) + 1
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (every failure is reported below)
             errors.append(f"{type(e).__name__}: {e}")
-    print(json.dumps({"seen": seen, "errors": errors[:5], "failed": len(errors)}))
-""")
-
-
-@pytest.mark.slow  # 23 s of three processes; the swap under a reader is forced, quickly, in the next test
-def test_concurrent_readers_and_writers_see_whole_releases(tmp_path):
-    folder = marked(1.0).save_pretrained(tmp_path / "m")
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(folder), "6"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    assert reader.stdout.readline().strip() == "ready"  # so that the writers' saves fall in its window
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), values, "60"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for values in ("2.0,3.0", "4.0")]
     for w in writers:
         _, err = w.communicate(timeout=300)
         assert w.returncode == 0, err[-2000:]
-    out, err = reader.communicate(timeout=300)
-    assert reader.returncode == 0, err[-2000:]
-    result = json.loads(out)
-    assert result["failed"] == 0, result["errors"]
+    assert errors == [], errors[:5]
     # Every load is one whole version. Whether this reader happened to catch a swap is up to the
     # scheduler; the swap under a reader is forced in the next test.
-    assert "mixed" not in result["seen"] and sum(result["seen"].values()) > 10, result
+    assert "mixed" not in seen and sum(seen.values()) > 10, seen
     assert siblings(folder) == ["m"]
 
 
