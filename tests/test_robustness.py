@@ -178,8 +178,8 @@ def test_concurrent_readers_and_writers_see_whole_releases(tmp_path):
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), values, "30"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for values in ("2.0,3.0", "4.0")]
-    seen, errors = {}, []
-    while any(w.poll() is None for w in writers):
+    seen, errors, deadline = {}, [], time.monotonic() + 300  # a hung writer fails below, not hangs the suite
+    while any(w.poll() is None for w in writers) and time.monotonic() < deadline:
         try:
             m = zoo.load(folder)
             values = {float(v) for p in m.parameters() for v in p.detach().unique()}
