@@ -22,7 +22,7 @@ at each of SWEEP_LRS, keeps the one with the best validation accuracy as seed 0'
 and later seeds of that cell train at it.
 Each run's record goes into bench/results/capabilities.json as soon as it ends (a temporary file,
 then a rename, under a lock), so the script can be stopped and started again: finished runs are
-skipped. Runs take one thread each.
+skipped. Runs take one thread each unless --threads says otherwise.
 """
 
 from __future__ import annotations
@@ -206,8 +206,8 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
 
         save_pretrained(module.model, keep, extra={"metrics": metrics})
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
-            "data": data.describe(),
-            "train_seconds": round(seconds, 1), "metrics": metrics, "validation": validation,
+            "data": data.describe(), "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
+            "metrics": metrics, "validation": validation,
             "loss_by_position": module.position_loss.get("test"), "not_tested": not_tested}
 
 
@@ -336,11 +336,19 @@ def _by_cell(results: dict, task: str) -> dict[str, list[dict]]:
 
 
 def _about(records: list[dict]) -> list[str]:
-    """The seeds, learning rate (marked when swept) and minutes per run of one cell."""
+    """The seeds, learning rate (marked when swept) and minutes per run of one cell.
+
+    Minutes are averaged over runs of the same thread count only (records before --threads ran at one):
+    a run at two threads beside none is not the same measure as one at one thread beside another.
+    """
     rates = sorted({f"{r['lr']:g}" for r in records})
     swept = " (swept)" if any("sweep" in r for r in records) else ""
-    minutes = sum(r["train_seconds"] for r in records) / len(records) / 60
-    return [", ".join(str(r["seed"]) for r in records), " / ".join(rates) + swept, f"{minutes:.1f}"]
+    by_threads: dict[int, list[float]] = {}
+    for r in records:
+        by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)
+    minutes = "; ".join(f"{sum(m) / len(m):.1f}" + (f" ({n} threads)" if n != 1 else "")
+                        for n, m in sorted(by_threads.items()))
+    return [", ".join(str(r["seed"]) for r in records), " / ".join(rates) + swept, minutes]
 
 
 TEXT_BUCKETS = ("8-16", "64-128", "512-1024")  # positions early, middle and late in a 1,024-token window
@@ -447,12 +455,16 @@ def main(argv=None):
     parser.add_argument("--estimate", action="store_true",
                         help="time a few training steps of each selected run and print minutes per run, against "
                              "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per run (default 1, so two runs share two cores; each record keeps its count)")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
     parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
                         "its <!-- capabilities:TASK --> and <!-- /capabilities --> markers")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads takes a count of at least 1, not {args.threads}")
     if args.references:
         try:
             references = text_references(args.references)
@@ -512,6 +524,8 @@ def main(argv=None):
     if args.estimate:
         if args.tiny:
             parser.error("--estimate times the real runs' steps: leave out --tiny")
+        if args.threads != 1:
+            parser.error(f"--estimate times one thread, as the runs it compares: leave out --threads {args.threads}")
         torch.set_num_threads(1)
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         rows = estimate(list(dict.fromkeys((t, m) for t, m, _ in runs)))
@@ -525,7 +539,7 @@ def main(argv=None):
             print(f"{t}/{m}/{s}: {status(results, t, m, s)}")
         return
     if not args.table:
-        torch.set_num_threads(1)
+        torch.set_num_threads(args.threads)
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         for t, m, s in runs:
             key = f"{t}/{m}/{s}"

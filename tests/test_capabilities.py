@@ -507,7 +507,8 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
     capabilities.main([*base, "--sweep", "--list"])  # the sweep itself has a point left to run
     assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
     for argv, message in [(["--sweep", "--seeds", "1"], "--sweep runs seed 0 only"),
-                          (["--sweep", "--only", "stdlib/*"], "which stdlib do not have")]:
+                          (["--sweep", "--only", "stdlib/*"], "which stdlib do not have"),
+                          (["--threads", "0"], "--threads takes a count of at least 1, not 0")]:
         with pytest.raises(SystemExit):
             capabilities.main(["--tiny", "--out", str(out), *argv])
         assert message in capsys.readouterr().err
@@ -535,6 +536,9 @@ def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path
     with pytest.raises(SystemExit):
         capabilities.main(["--estimate", "--tiny", "--out", str(out)])
     assert "leave out --tiny" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        capabilities.main(["--estimate", "--threads", "2", "--out", str(out)])
+    assert "leave out --threads 2" in capsys.readouterr().err
 
 
 def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
@@ -542,6 +546,8 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
 
     runs = [_record("mqar", "gpt-tiny", 0, 0.9, seconds=60), _record("mqar", "gpt-tiny", 1, 1.0, seconds=120),
             _record("mqar", "micro-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),
+            _record("mqar", "elita-gpt-tiny", 0, 0.5, seconds=60, threads=1),
+            _record("mqar", "elita-gpt-tiny", 1, 0.5, seconds=180, threads=2),
             _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75)]
     tables = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})
     assert set(tables) == {"mqar", "grid"}  # a table per task run, and the grid's
@@ -549,6 +555,8 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     # 0.9 and 1.0: mean 95.0, sample std sqrt(0.005) = 7.07 points; at 128: 47.5 ± 3.5
     assert mqar[2] == "| `gpt-tiny` | 95.0 ± 7.1 | 47.5 ± 3.5 | 0, 1 | 0.001 | 1.5 |"
     assert mqar[3] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
+    # minutes are averaged within a thread count, never across two
+    assert mqar[4] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
     # the grid: a row per model and width, pairs across; a cell not run is "-"
     assert grid[2:] == [
         "| `gpt-tiny` | 64 | 95.0 ± 7.1 | 50.0 | - | 0, 1 / 0 / - | 0.001 / 0.001 / - | 1.5 / 1.0 / - |",
