@@ -346,7 +346,7 @@ def _about(records: list[dict]) -> list[str]:
     by_threads: dict[int, list[float]] = {}
     for r in records:
         by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)
-    minutes = "; ".join(f"{sum(m) / len(m):.1f}" + (f" ({n} threads)" if n != 1 else "")
+    minutes = "; ".join(f"{statistics.mean(m):.1f}" + (f" ({n} threads)" if n != 1 else "")
                         for n, m in sorted(by_threads.items()))
     return [", ".join(str(r["seed"]) for r in records), " / ".join(rates) + swept, minutes]
 
