@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.common import RESULTS, locked, machine, print_table, write_json  # noqa: E402
+from zoo.release.check import cores  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "capabilities.json"
@@ -463,8 +464,8 @@ def main(argv=None):
     parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
                         "its <!-- capabilities:TASK --> and <!-- /capabilities --> markers")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads takes a count of at least 1, not {args.threads}")
+    if not 1 <= args.threads <= cores():
+        parser.error(f"--threads takes a count from 1 to this process's {cores()} cores, not {args.threads}")
     if args.references:
         try:
             references = text_references(args.references)

@@ -508,7 +508,8 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
     assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
     for argv, message in [(["--sweep", "--seeds", "1"], "--sweep runs seed 0 only"),
                           (["--sweep", "--only", "stdlib/*"], "which stdlib do not have"),
-                          (["--threads", "0"], "--threads takes a count of at least 1, not 0")]:
+                          (["--threads", "0"], "--threads takes a count from 1 to"),
+                          (["--threads", "100000"], "cores, not 100000")]:
         with pytest.raises(SystemExit):
             capabilities.main(["--tiny", "--out", str(out), *argv])
         assert message in capsys.readouterr().err
