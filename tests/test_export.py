@@ -180,13 +180,19 @@ OPERATOR_LAYERS = {
 }
 
 
-@pytest.mark.parametrize("operator", OPERATOR_LAYERS)
-def test_inductor_compiles_the_custom_operators(operator):
+def test_inductor_compiles_the_custom_operators():
+    # one test rather than one per operator, so that one pytest-xdist worker, not each, pays inductor's
+    # start-up on an empty cache
     needs_kernels()
-    layer, x = OPERATOR_LAYERS[operator](), torch.randn(3, 16, 32)
-    ops = {str(n.target) for n in torch.export.export(layer.eval(), (x,)).graph.nodes}
-    assert f"zoo.{operator}.default" in ops  # the layer runs the operator, not an eager route
-    module_compiled_equals_eager(layer, x, "inductor")
+    for operator, make in OPERATOR_LAYERS.items():
+        layer, x = make(), torch.randn(3, 16, 32)
+        ops = {str(n.target) for n in torch.export.export(layer.eval(), (x,)).graph.nodes}
+        assert f"zoo.{operator}.default" in ops, ops  # the layer runs the operator, not an eager route
+        try:
+            module_compiled_equals_eager(layer, x, "inductor")
+        except AssertionError as error:
+            error.add_note(f"inductor around zoo::{operator}")
+            raise
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
 
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <initializer_list>
 #include <string>

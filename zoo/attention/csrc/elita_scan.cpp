@@ -12,8 +12,11 @@
 // once. The backward recomputes the weights and M_t in a forward sweep (into a scratch
 // of one block), then gathers the gradients in a reverse sweep.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -12,7 +12,9 @@
 // long sequences its time goes to memory traffic. Here the forward writes the bias once, and the
 // backward reads its gradient once, recomputing p from the O(L) sums.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>

@@ -10,7 +10,8 @@
 // backward recomputes S_t in a forward sweep instead of keeping it, then gathers the
 // gradients in a reverse sweep, so nothing full-width is saved between the two.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 
 #include <ATen/Parallel.h>
 

@@ -11,7 +11,8 @@
 // at the maximum, or exp(-m) = 1 when m = 0), so a row of -inf gives zeros, not NaN.
 // Half-precision rows are widened to float for the whole computation.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
