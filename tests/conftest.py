@@ -1,4 +1,5 @@
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,18 @@ settings.register_profile("zoo", deadline=None, max_examples=15, derandomize=Tru
 settings.load_profile("zoo")
 # the cores shared among pytest-xdist's workers (-n), so that two workers on two cores do not fight over four threads
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))))
+
+
+def pytest_configure(config):
+    # The compiled kernels build once per machine and torch version (about 40 s on 2 cores with an empty cache),
+    # and no build uses both cores throughout. pytest itself (xdist's controller, which runs no tests) starts it
+    # at once, beside the workers' start-up and collection; a test that needs the kernels waits on the build's lock.
+    # Not a daemon thread: killed at exit, it would leave its compilers running on a half-built folder; so a short
+    # run on an empty cache waits for the build to end before pytest exits.
+    if "PYTEST_XDIST_WORKER" not in os.environ and not config.option.collectonly:
+        from zoo.attention import native
+
+        threading.Thread(target=native.load, name="zoo kernels build").start()
 
 
 @pytest.fixture(autouse=True)

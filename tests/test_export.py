@@ -170,8 +170,9 @@ class SoftmaxOneLayer(torch.nn.Module):
         return zoo.attention.softmax_one(self.logits(x))
 
 
-# one layer around each custom operator: inductor's code generation for a whole model takes 20-50 s on an empty
-# cache, and every model goes through it in the slow set
+# one layer around each custom operator, the four in one stack: inductor's code generation for a whole model takes
+# 20-50 s on an empty cache (every model goes through it in the slow set), and each graph it compiles costs a C++
+# build, so one stack rather than four layers (60 s on an empty cache, one graph at a time)
 OPERATOR_LAYERS = {
     "softmax_one": lambda: SoftmaxOneLayer(32),
     "micro_scan": lambda: zoo.attention.MicroAttention(32, 2, causal=True),
@@ -181,18 +182,12 @@ OPERATOR_LAYERS = {
 
 
 def test_inductor_compiles_the_custom_operators():
-    # one test rather than one per operator, so that one pytest-xdist worker, not each, pays inductor's
-    # start-up on an empty cache
     needs_kernels()
-    for operator, make in OPERATOR_LAYERS.items():
-        layer, x = make(), torch.randn(3, 16, 32)
-        ops = {str(n.target) for n in torch.export.export(layer.eval(), (x,)).graph.nodes}
-        assert f"zoo.{operator}.default" in ops, ops  # the layer runs the operator, not an eager route
-        try:
-            module_compiled_equals_eager(layer, x, "inductor")
-        except AssertionError as error:
-            error.add_note(f"inductor around zoo::{operator}")
-            raise
+    torch.manual_seed(0)
+    stack, x = torch.nn.Sequential(*(make() for make in OPERATOR_LAYERS.values())), torch.randn(3, 16, 32)
+    ops = {str(n.target) for n in torch.export.export(stack.eval(), (x,)).graph.nodes}
+    assert {f"zoo.{name}.default" for name in OPERATOR_LAYERS} <= ops, ops  # the operators, not eager routes
+    module_compiled_equals_eager(stack, x, "inductor")
 
 
 @pytest.mark.slow
