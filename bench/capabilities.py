@@ -95,6 +95,9 @@ TASKS = {
     # models, accuracy against width and pairs (python bench/capabilities.py --grid)
     "mqar_p8": ("MQAR", {"vocab_size": 256, "sequence_length": 64, "num_pairs": 8}),
     "mqar_p16": ("MQAR", {"vocab_size": 256, "sequence_length": 64, "num_pairs": 16}),
+    # and its next sequence length, 128, at Zoology's 8 pairs there and twice that (vocabulary still 256)
+    "mqar128_p8": ("MQAR", {"vocab_size": 256, "sequence_length": 128, "num_pairs": 8}),
+    "mqar128_p16": ("MQAR", {"vocab_size": 256, "sequence_length": 128, "num_pairs": 16}),
     "listops": ("ListOps", {"max_depth": 10, "max_args": 10, "min_length": 100, "max_length": 500}),
     "pixel_mnist": ("PixelMNIST", {"root": str(DATA), "batch_size": 50}),  # LRA's batch
     "pixel_mnist_permuted": ("PixelMNIST", {"root": str(DATA), "permute": True, "batch_size": 50}),
@@ -102,8 +105,8 @@ TASKS = {
                                      "batch_size": 8}),
     "stdlib": ("LongContextText", {"path": "stdlib", "context_length": 1024, "batch_size": 8}),
 }
-# Zoology's Figure 2 at this budget (--grid): MQAR accuracy against width and pairs, sequence length 64
-GRID_TASKS = ("mqar", "mqar_p8", "mqar_p16")
+# Zoology's Figure 2 at this budget (--grid): MQAR accuracy against width and pairs, sequence lengths 64 and 128
+GRID_TASKS = ("mqar", "mqar_p8", "mqar_p16", "mqar128_p8", "mqar128_p16")
 GRID_MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-elita-gpt-tiny:conv")
 GRID_WIDTHS = (64, 128)  # 64 is SIZE's
 # batch_size where the task does not set its own (long sequences take fewer)
@@ -390,9 +393,10 @@ def markdown(results: dict) -> dict[str, str]:
     rows = [(m, w) for m in GRID_MODELS for w in GRID_WIDTHS
             if any(_grid_name(m, w) in grid[t] for t in GRID_TASKS[1:])]
     if rows:
-        pairs = [TASKS[t][1]["num_pairs"] for t in GRID_TASKS]
-        lines = [f"| model | width | {' | '.join(f'{p} pairs' for p in pairs)} | seeds | lr | min per run |",
-                 "|---" * (len(pairs) + 5) + "|"]
+        heads = [f"{a['num_pairs']} pairs" + (f" at {a['sequence_length']}" if a["sequence_length"] != 64 else "")
+                 for a in (TASKS[t][1] for t in GRID_TASKS)]
+        lines = [f"| model | width | {' | '.join(heads)} | seeds | lr | min per run |",
+                 "|---" * (len(heads) + 5) + "|"]
         for m, w in rows:
             records = [grid[t].get(_grid_name(m, w), []) for t in GRID_TASKS]
             shown = [_cell([r["metrics"]["test/accuracy"] for r in rs], 100.0, 1) for rs in records]

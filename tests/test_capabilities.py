@@ -451,11 +451,14 @@ def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_pa
     out = tmp_path / "none.json"
     capabilities.main(["--grid", "--seeds", "0", "--list", "--out", str(out)])
     grid = [line.partition(": ")[0] for line in capsys.readouterr().out.splitlines()]
-    assert len(grid) == 3 * 4 * 2 and "mqar_p16/hybrid-elita-gpt-tiny:conv:w128/0" in grid  # tasks x models x widths
+    assert len(grid) == 5 * 4 * 2 and "mqar_p16/hybrid-elita-gpt-tiny:conv:w128/0" in grid  # tasks x models x widths
+    assert "mqar128_p16/micro-gpt-tiny/0" in grid  # the next sequence length
     assert "mqar_p8/gpt-tiny/0" in grid and "mqar_p8/gpt-tiny:w64/0" not in grid  # width 64 is the plain name
     capabilities.main(["--seeds", "0", "--list", "--out", str(out)])
-    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("mqar_p")]
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith(("mqar_p", "mqar128"))]
     assert capabilities.TASKS["mqar_p16"][1]["num_pairs"] == 16
+    assert {k: capabilities.TASKS["mqar128_p8"][1][k] for k in ("sequence_length", "num_pairs")} == {
+        "sequence_length": 128, "num_pairs": 8}
     with pytest.raises(SystemExit):  # its models are its own: one line, not a silently ignored --models
         capabilities.main(["--grid", "--models", "gpt-tiny", "--list", "--out", str(out)])
     assert "--grid runs its own models" in capsys.readouterr().err
@@ -549,7 +552,8 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
             _record("mqar", "micro-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),
             _record("mqar", "elita-gpt-tiny", 0, 0.5, seconds=60, threads=1),
             _record("mqar", "elita-gpt-tiny", 1, 0.5, seconds=180, threads=2),
-            _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75)]
+            _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75),
+            _record("mqar128_p16", "gpt-tiny", 0, 0.25)]
     tables = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})
     assert set(tables) == {"mqar", "grid"}  # a table per task run, and the grid's
     mqar, grid = tables["mqar"].splitlines(), tables["grid"].splitlines()
@@ -558,10 +562,13 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert mqar[3] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
     # minutes are averaged within a thread count, never across two
     assert mqar[4] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
-    # the grid: a row per model and width, pairs across; a cell not run is "-"
+    # the grid: a row per model and width, pairs (and lengths past 64) across; a cell not run is "-"
+    assert grid[0] == ("| model | width | 4 pairs | 8 pairs | 16 pairs | 8 pairs at 128 | 16 pairs at 128 | seeds | lr "
+                       "| min per run |")
     assert grid[2:] == [
-        "| `gpt-tiny` | 64 | 95.0 ± 7.1 | 50.0 | - | 0, 1 / 0 / - | 0.001 / 0.001 / - | 1.5 / 1.0 / - |",
-        "| `gpt-tiny` | 128 | - | 75.0 | - | - / 0 / - | - / 0.001 / - | - / 1.0 / - |"]
+        "| `gpt-tiny` | 64 | 95.0 ± 7.1 | 50.0 | - | - | 25.0 | 0, 1 / 0 / - / - / 0 | 0.001 / 0.001 / - / - / 0.001 "
+        "| 1.5 / 1.0 / - / - / 1.0 |",
+        "| `gpt-tiny` | 128 | - | 75.0 | - | - | - | - / 0 / - / - / - | - / 0.001 / - / - / - | - / 1.0 / - / - / - |"]
     # into a README between its markers, replacing what was there; a missing marker is named
     readme = ("a\n<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\nb\n"
               "<!-- capabilities:grid -->\n<!-- /capabilities -->")
