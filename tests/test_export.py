@@ -7,7 +7,7 @@ once). The compiled kernels are custom operators that pass torch.library.opcheck
 Text models decode from two exported programs (and from ONNX Runtime sessions) to the tokens
 `generate` gives. The default run compiles with the aot_eager backend (dynamo's graph capture
 and AOT autograd, the parts that break on a graph break or a missing fake implementation);
-inductor's code generation takes 6-50 s a model and runs here on one attention layer around each
+inductor's code generation takes 6-50 s a model and runs here on a stack of one layer around each
 custom operator, on every model in the slow set.
 """
 
@@ -172,7 +172,7 @@ class SoftmaxOneLayer(torch.nn.Module):
 
 # one layer around each custom operator, the four in one stack: inductor's code generation for a whole model takes
 # 20-50 s on an empty cache (every model goes through it in the slow set), and each graph it compiles costs a C++
-# build, so one stack rather than four layers (60 s on an empty cache, one graph at a time)
+# build, so one stack rather than four layers (on an empty cache 45 s as one stack, 60 s one layer at a time)
 OPERATOR_LAYERS = {
     "softmax_one": lambda: SoftmaxOneLayer(32),
     "micro_scan": lambda: zoo.attention.MicroAttention(32, 2, causal=True),
