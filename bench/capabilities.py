@@ -393,8 +393,9 @@ def markdown(results: dict) -> dict[str, str]:
     rows = [(m, w) for m in GRID_MODELS for w in GRID_WIDTHS
             if any(_grid_name(m, w) in grid[t] for t in GRID_TASKS[1:])]
     if rows:
-        heads = [f"{a['num_pairs']} pairs" + (f" at {a['sequence_length']}" if a["sequence_length"] != 64 else "")
-                 for a in (TASKS[t][1] for t in GRID_TASKS)]
+        first_length = TASKS[GRID_TASKS[0]][1]["sequence_length"]  # named only where a column's differs
+        heads = [f"{a['num_pairs']} pairs" + (f" at {a['sequence_length']}" if a["sequence_length"] != first_length
+                                              else "") for a in (TASKS[t][1] for t in GRID_TASKS)]
         lines = [f"| model | width | {' | '.join(heads)} | seeds | lr | min per run |",
                  "|---" * (len(heads) + 5) + "|"]
         for m, w in rows:
