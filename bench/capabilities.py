@@ -216,7 +216,7 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
 
 
 def load(out: Path) -> dict:
-    return json.loads(out.read_text()) if out.is_file() else {"runs": {}}
+    return common.read_runs(out)
 
 
 def add_record(out: Path, key: str, record: dict, command: str = "python bench/capabilities.py",
@@ -479,6 +479,10 @@ def main(argv=None):
         print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
         return
     out = args.out or (TINY_OUT if args.tiny else OUT)
+    try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
+        load(out)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     if args.markdown or args.readme:
         tables = markdown(load(out))
         if args.readme:

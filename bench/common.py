@@ -111,6 +111,25 @@ def write_json(name: str, payload: dict) -> Path:
     return write_text_atomic(RESULTS / f"{name}.json", json.dumps({"machine": machine(), **payload}, indent=2))
 
 
+def read_runs(path: Path) -> dict:
+    """A benchmark's results JSON ({"runs": {...}, ...}), or an empty one where the file is absent. A file that is
+    not one (another tool's, or not JSON) is refused, naming it, rather than overwritten or failing deep inside."""
+    if not path.exists():
+        return {"runs": {}}
+    if not path.is_file():
+        raise ValueError(f"{path} is a folder or a device, not a results JSON: give --out a file's path")
+    try:
+        results = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a results JSON of this benchmark ({error}); give --out a new file or "
+                         "one it wrote") from None
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), dict):
+        given = f"an object with keys {sorted(results)[:5]}" if isinstance(results, dict) else type(results).__name__
+        raise ValueError(f"{path} is not a results JSON of this benchmark: expected an object with a \"runs\" object, "
+                         f"got {given}; give --out a new file or one it wrote")
+    return results
+
+
 @contextlib.contextmanager
 def locked(name: str):
     """Hold bench/results/NAME.lock: processes that read, change and rewrite NAME.json take turns."""

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, locked, machine, print_table  # noqa: E402
+from bench.common import RESULTS, locked, machine, print_table, read_runs  # noqa: E402
 from zoo.data.sequences import LongContextText  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
@@ -234,6 +234,10 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--table", action="store_true", help="print the table from --out, run nothing")
     args = parser.parse_args(argv)
+    try:  # before anything is scored: a file that is not this bench's is refused, not overwritten
+        read_runs(args.out)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench/long_context.py: error: {e}") from None
     if not args.table:
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -255,7 +259,7 @@ def main(argv=None):
                 record = score(folder, data, args.long, args.reach)
                 record["command"] = "python bench/long_context.py " + " ".join(argv or sys.argv[1:])
                 with locked(args.out.stem):
-                    results = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
+                    results = read_runs(args.out)
                     results["runs"][folder.name] = record
                     results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
                     results.update({"command": "python bench/long_context.py " + " ".join(argv or sys.argv[1:]),
@@ -263,7 +267,7 @@ def main(argv=None):
                     write_text_atomic(args.out, json.dumps(results, indent=2))
         except (OSError, ValueError, TypeError) as e:  # a folder or text that is not what it should be: one line
             raise SystemExit(f"bench/long_context.py: error: {e}") from None
-    table(json.loads(args.out.read_text()))
+    table(read_runs(args.out))
 
 
 if __name__ == "__main__":

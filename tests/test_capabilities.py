@@ -793,6 +793,25 @@ def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
     assert datamodule_for({"training": {"data": stdlib}}, tmp_path / "nowhere").dataset == stdlib["name"]
 
 
+def test_benches_refuse_an_out_file_they_did_not_write(tmp_path, capsys):
+    """--out naming another tool's file, text that is not JSON, JSON without a "runs" object, or a folder: one line
+    that names the path, before anything runs, and the file left as it was."""
+    from bench import capabilities, long_context
+
+    cases = {"text.json": b"not json", "list.json": b"[1, 2]", "other.json": b'{"rows": {}}',
+             "binary.json": b"\xff\xfe"}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+    for path in [*(tmp_path / name for name in cases), tmp_path]:
+        with pytest.raises(SystemExit):
+            capabilities.main(["--tiny", "--only", "mqar/gpt-tiny/0", "--out", str(path)])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f": error: {path} is " in err, err  # argparse's one line (its program name varies under pytest)
+        with pytest.raises(SystemExit, match=rf"^bench/long_context.py: error: {path}"):
+            long_context.main(["--releases", str(tmp_path / "none"), "--out", str(path)])
+    assert {name: (tmp_path / name).read_bytes() for name in cases} == cases
+
+
 def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
     """A folder that is no release, a release of another text's characters, an image model, a text shorter
     than one window, a --long length that is not a positive whole number: each a one-line error naming what
