@@ -480,11 +480,11 @@ def main(argv=None):
         return
     out = args.out or (TINY_OUT if args.tiny else OUT)
     try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
-        load(out)
+        results = load(out)
     except (OSError, ValueError) as error:
         parser.error(str(error))
     if args.markdown or args.readme:
-        tables = markdown(load(out))
+        tables = markdown(results)
         if args.readme:
             try:
                 write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables))
@@ -544,7 +544,6 @@ def main(argv=None):
         keep_estimates(rows)
         return
     if args.list:
-        results = load(out)
         for t, m, s in runs:
             print(f"{t}/{m}/{s}: {status(results, t, m, s)}")
         return

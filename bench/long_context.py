@@ -235,7 +235,7 @@ def main(argv=None):
     parser.add_argument("--table", action="store_true", help="print the table from --out, run nothing")
     args = parser.parse_args(argv)
     try:  # before anything is scored: a file that is not this bench's is refused, not overwritten
-        read_runs(args.out)
+        results = read_runs(args.out)
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench/long_context.py: error: {e}") from None
     if not args.table:
@@ -254,20 +254,20 @@ def main(argv=None):
             vocab = data.tokenizer.vocab_size
             baselines = {f"{n}-gram": round(ngram_loss(data.train_tokens, data.val_tokens, n, vocab), 4)
                          for n in (1, 2, 3)}
+            command = "python bench/long_context.py " + " ".join(argv or sys.argv[1:])
             for folder in folders:
                 print(f"{folder.name} ...", flush=True)
                 record = score(folder, data, args.long, args.reach)
-                record["command"] = "python bench/long_context.py " + " ".join(argv or sys.argv[1:])
+                record["command"] = command
                 with locked(args.out.stem):
                     results = read_runs(args.out)
                     results["runs"][folder.name] = record
                     results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
-                    results.update({"command": "python bench/long_context.py " + " ".join(argv or sys.argv[1:]),
-                                    "machine": machine()})
+                    results.update({"command": command, "machine": machine()})
                     write_text_atomic(args.out, json.dumps(results, indent=2))
         except (OSError, ValueError, TypeError) as e:  # a folder or text that is not what it should be: one line
             raise SystemExit(f"bench/long_context.py: error: {e}") from None
-    table(read_runs(args.out))
+    table(results)
 
 
 if __name__ == "__main__":
