@@ -483,6 +483,9 @@ def main(argv=None):
         results = load(out)
     except (OSError, ValueError) as error:
         parser.error(str(error))
+    if (args.table or args.markdown or args.readme) and not results["runs"]:
+        parser.error(f"{out} holds no runs to show{'' if out.exists() else ' (no such file)'}: run the bench first, "
+                     "or give --out the file it wrote")
     if args.markdown or args.readme:
         tables = markdown(results)
         if args.readme:

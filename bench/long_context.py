@@ -238,6 +238,10 @@ def main(argv=None):
         results = read_runs(args.out)
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench/long_context.py: error: {e}") from None
+    if args.table and not results["runs"]:
+        raise SystemExit(f"bench/long_context.py: error: {args.out} holds no runs to show"
+                         f"{'' if args.out.exists() else ' (no such file)'}: score releases first, or give --out "
+                         "the file it wrote")
     if not args.table:
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -11,6 +11,7 @@ and every task runs once end to end.
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import lightning as L
@@ -810,6 +811,26 @@ def test_benches_refuse_an_out_file_they_did_not_write(tmp_path, capsys):
         with pytest.raises(SystemExit, match=rf"^bench/long_context.py: error: {path}"):
             long_context.main(["--releases", str(tmp_path / "none"), "--out", str(path)])
     assert {name: (tmp_path / name).read_bytes() for name in cases} == cases
+
+
+def test_benches_refuse_to_show_a_file_without_runs(tmp_path, capsys):
+    """--table, --markdown or --readme of a file not yet written (a mistyped path) or written with no run: one
+    line that says so, not an empty table that reads as a finished run with nothing in it."""
+    from bench import capabilities, long_context
+
+    (tmp_path / "empty.json").write_text('{"runs": {}}')
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->\n")
+    for path, why in ((tmp_path / "typo.json", "holds no runs to show (no such file)"),
+                      (tmp_path / "empty.json", "holds no runs to show: ")):
+        for view in (["--table"], ["--markdown"], ["--readme", str(readme)]):
+            with pytest.raises(SystemExit):
+                capabilities.main([*view, "--out", str(path)])
+            assert f": error: {path} {why}" in capsys.readouterr().err
+        with pytest.raises(SystemExit, match=f"^bench/long_context.py: error: {re.escape(f'{path} {why}')}"):
+            long_context.main(["--table", "--out", str(path)])
+    assert not (tmp_path / "typo.json").exists()
+    assert readme.read_text() == "a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->\n"
 
 
 def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
