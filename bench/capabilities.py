@@ -484,8 +484,7 @@ def main(argv=None):
     except (OSError, ValueError) as error:
         parser.error(str(error))
     if (args.table or args.markdown or args.readme) and not results["runs"]:
-        parser.error(f"{out} holds no runs to show{'' if out.exists() else ' (no such file)'}: run the bench first, "
-                     "or give --out the file it wrote")
+        parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
         tables = markdown(results)
         if args.readme:

@@ -130,6 +130,12 @@ def read_runs(path: Path) -> dict:
     return results
 
 
+def nothing_to_show(path: Path) -> str:
+    """The error for a table asked of a results file with no run in it: a mistyped path reads as an empty table."""
+    return (f"{path} holds no runs to show{'' if path.exists() else ' (no such file)'}: run the bench first, or give "
+            "--out the file it wrote")
+
+
 @contextlib.contextmanager
 def locked(name: str):
     """Hold bench/results/NAME.lock: processes that read, change and rewrite NAME.json take turns."""

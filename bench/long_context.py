@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS, locked, machine, print_table, read_runs  # noqa: E402
+from bench.common import RESULTS, locked, machine, nothing_to_show, print_table, read_runs  # noqa: E402
 from zoo.data.sequences import LongContextText  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
@@ -239,9 +239,7 @@ def main(argv=None):
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench/long_context.py: error: {e}") from None
     if args.table and not results["runs"]:
-        raise SystemExit(f"bench/long_context.py: error: {args.out} holds no runs to show"
-                         f"{'' if args.out.exists() else ' (no such file)'}: score releases first, or give --out "
-                         "the file it wrote")
+        raise SystemExit(f"bench/long_context.py: error: {nothing_to_show(args.out)}")
     if not args.table:
         if args.threads:
             torch.set_num_threads(args.threads)
