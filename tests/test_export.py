@@ -8,7 +8,7 @@ Text models decode from two exported programs (and from ONNX Runtime sessions) t
 `generate` gives. The default run compiles with the aot_eager backend (dynamo's graph capture
 and AOT autograd, the parts that break on a graph break or a missing fake implementation);
 inductor's code generation takes 6-50 s a model and runs here on a stack of one layer around each
-custom operator, on every model in the slow set.
+custom operator (inference), on every model (inference and a training step) in the slow set.
 """
 
 import json
@@ -171,8 +171,9 @@ class SoftmaxOneLayer(torch.nn.Module):
 
 
 # one layer around each custom operator, the four in one stack: inductor's code generation for a whole model takes
-# 20-50 s on an empty cache (every model goes through it in the slow set), and each graph it compiles costs a C++
-# build, so one stack rather than four layers (on an empty cache 45 s as one stack, 60 s one layer at a time)
+# 20-50 s on an empty cache (every model goes through it, forward and backward, in the slow set), and each graph it
+# compiles costs a C++ build, so one stack rather than four layers (on an empty cache 45 s as one stack, 60 s one
+# layer at a time), and by default its inference graph only (16 s; the training step's joint graph adds 27 s)
 OPERATOR_LAYERS = {
     "softmax_one": lambda: SoftmaxOneLayer(32),
     "micro_scan": lambda: zoo.attention.MicroAttention(32, 2, causal=True),
@@ -182,11 +183,15 @@ OPERATOR_LAYERS = {
 
 
 def test_inductor_compiles_the_custom_operators():
+    """Inductor's code around each operator, for inference; their backward operators go through it with every
+    model's training step in the slow set (test_inductor_every_model)."""
     needs_kernels()
-    stack, x = torch.nn.Sequential(*(make() for make in OPERATOR_LAYERS.values())), torch.randn(3, 16, 32)
-    ops = {str(n.target) for n in torch.export.export(stack.eval(), (x,)).graph.nodes}
+    stack, x = torch.nn.Sequential(*(make() for make in OPERATOR_LAYERS.values())).eval(), torch.randn(3, 16, 32)
+    ops = {str(n.target) for n in torch.export.export(stack, (x,)).graph.nodes}
     assert {f"zoo.{name}.default" for name in OPERATOR_LAYERS} <= ops, ops  # the operators, not eager routes
-    module_compiled_equals_eager(stack, x, "inductor")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(stack, fullgraph=True, backend="inductor")(x), stack(x), **TOLERANCE)
 
 
 @pytest.mark.slow
@@ -270,6 +275,12 @@ def test_zoo_export_onnx(name, tmp_path, capsys):
     zoo_export(name, tmp_path / "out", "--format", "onnx")
     assert "largest absolute difference" in capsys.readouterr().out
     check_onnx_folder(name, tmp_path / "out")
+    # an existing export is replaced only with --overwrite
+    with pytest.raises(SystemExit, match="--overwrite"):
+        zoo_export(name, tmp_path / "out", "--format", "onnx")
+    zoo_export(name, tmp_path / "out", "--format", "onnx", "--overwrite")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+    check_onnx_folder(name, tmp_path / "out")
 
 
 # elita's export switches to its eager route as micro's does; it and every checkpoint export in the slow set
@@ -315,16 +326,12 @@ def test_zoo_export_onnx_refusals(tmp_path, monkeypatch, capsys):
             main(["export", "micro-gpt-tiny.shakespeare", str(tmp_path / "y"), "--format", "onnx"])
         assert not (tmp_path / "y").exists() and list(tmp_path.iterdir()) == []
     monkeypatch.undo()
-    # a check that fails writes nothing either, and an existing export is replaced only with --overwrite
+    # a check that fails writes nothing either (test_zoo_export_onnx replaces an export with --overwrite)
     from zoo.release.onnx import export_onnx
 
     with pytest.raises(ValueError, match="more than the tolerance"):
         export_onnx(zoo.load("vit-tiny.mnist"), tmp_path / "z", tolerance=0.0)
     assert list(tmp_path.iterdir()) == []
-    zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx")
-    with pytest.raises(SystemExit, match="--overwrite"):
-        zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx")
-    zoo_export("vit-tiny.mnist", tmp_path / "z", "--format", "onnx", "--overwrite")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(SystemExit, match="not a zoo ONNX export folder"):

@@ -7,8 +7,9 @@ from pathlib import Path
 from zoo.models.hub import TIMEOUT, _hub_errors, validate_repo_id, validate_revision
 from zoo.models.registry import checkpoint_folder
 from zoo.models.release_files import CARD, CONFIG, WEIGHTS
-from zoo.release.export import export_checkpoint
-from zoo.training.checkpoint_io import read_checkpoint
+
+# A .ckpt source needs Lightning (zoo.release.export, zoo.training): imported there, so that pushing a release
+# folder does not pay its ~4 s import.
 
 
 def release_folder(source, config: str | None = None) -> Path:
@@ -16,6 +17,8 @@ def release_folder(source, config: str | None = None) -> Path:
     path = Path(source)
     if path.is_file() and path.suffix == ".ckpt":
         import tempfile
+
+        from zoo.release.export import export_checkpoint
 
         folder, _ = export_checkpoint(path, Path(tempfile.mkdtemp(prefix="zoo-push-")) / path.stem, config)
         return folder
@@ -60,6 +63,8 @@ def push(source, repo_id: str, *, private: bool = False, revision: str | None = 
         validate_revision(revision)
     shown = f"hf-hub:{repo_id}"
     if Path(source).suffix == ".ckpt" and Path(source).is_file():  # refused in one line before the Hub is asked
+        from zoo.training.checkpoint_io import read_checkpoint
+
         read_checkpoint(source)
     if api is None:
         from huggingface_hub import HfApi
