@@ -31,73 +31,71 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
-def run(code: str, tmp_path, extra_path: str | None = None) -> subprocess.CompletedProcess:
-    path = [str(tmp_path / "site")] + ([extra_path] if extra_path else [])
+def run(code: str, site, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    path = [str(site)] + ([extra_path] if extra_path else [])
     env_code = f"import sys; sys.path[:0] = {path!r}\n" + textwrap.dedent(code)
     return subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def plugin(tmp_path):
-    site = tmp_path / "site"
-    (site / "userzoo").mkdir(parents=True)
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The user's package on a path of its own, and a release folder of its model saved in a fresh interpreter
+    (one save serves every test: each loads it in an interpreter of its own)."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "userzoo").mkdir()
     (site / "userzoo" / "__init__.py").write_text("")
     (site / "userzoo" / "models.py").write_text(PLUGIN)
+    saved = run(f'''
+        import torch, zoo, userzoo.models
+        torch.manual_seed(0)
+        zoo.create("scaled-vit-tiny").save_pretrained({str(site.parent / "release")!r})
+    ''', site)
+    assert saved.returncode == 0, saved.stderr[-2000:]
     return site
 
 
-def test_a_registered_subclass_round_trips_through_a_release_folder(plugin, tmp_path):
+def test_a_registered_subclass_round_trips_through_a_release_folder(site):
     done = run(f'''
         import torch, zoo, userzoo.models
-        model = zoo.create("scaled-vit-tiny").eval()
-        x = torch.rand(2, 1, 28, 28)
-        model.save_pretrained({str(tmp_path / "rel")!r})
-        again = zoo.load({str(tmp_path / "rel")!r})
+        from safetensors.torch import load_file
+        again = zoo.load({str(site.parent / "release")!r})
         assert type(again).__name__ == "ScaledViT" and again.scale == 2.0, again
-        plain = zoo.models.ImageTransformer(**{{k: v for k, v in model.config.items() if k != "scale"}})
-        plain.load_state_dict(model.state_dict())
+        plain = zoo.models.ImageTransformer(**{{k: v for k, v in again.config.items() if k != "scale"}})
+        plain.load_state_dict(load_file({str(site.parent / "release" / "model.safetensors")!r}))
         # the subclass's own argument took effect: twice the plain ViT's logits (an independent reference)
+        x = torch.rand(2, 1, 28, 28)
         torch.testing.assert_close(again(x), 2 * plain.eval()(x))
         print("ok")
-    ''', tmp_path)
+    ''', site)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-def test_an_unregistered_class_is_refused_naming_its_module(plugin, tmp_path):
-    saved = run(f'''
-        import zoo, userzoo.models
-        zoo.create("scaled-vit-tiny").save_pretrained({str(tmp_path / "rel")!r})
-    ''', tmp_path)
-    assert saved.returncode == 0, saved.stderr[-2000:]
+def test_an_unregistered_class_is_refused_naming_its_module(site):
     loaded = run(f'''
         import sys, zoo
         try:
-            zoo.load({str(tmp_path / "rel")!r})
+            zoo.load({str(site.parent / "release")!r})
         finally:  # the module was not imported for the message: zoo never imports a module that a config names
             print("userzoo.models" in sys.modules)
-    ''', tmp_path)
+    ''', site)
     assert loaded.returncode != 0 and loaded.stdout.strip() == "False", loaded.stderr[-2000:]
     last = loaded.stderr.strip().splitlines()[-1]
     assert last.startswith("ValueError: ") and "class 'ScaledViT' is not a registered architecture" in last
     assert "saved from the module 'userzoo.models': import it before zoo.load" in last
 
 
-def test_an_entry_point_registers_on_first_need(plugin, tmp_path):
-    # an installed distribution's metadata, as pip writes it, declaring the plugin module
-    dist = plugin / "userzoo-1.0.dist-info"
+def test_an_entry_point_registers_on_first_need(site, tmp_path):
+    # an installed distribution's metadata, as pip writes it, declaring the plugin module, on a path of this test's
+    # own (the other tests load without it)
+    dist = tmp_path / "userzoo-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: userzoo\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[zoo.models]\nuserzoo = userzoo.models\n")
-    saved = run(f'''
-        import zoo, userzoo.models
-        zoo.create("scaled-vit-tiny").save_pretrained({str(tmp_path / "rel")!r})
-    ''', tmp_path)
-    assert saved.returncode == 0, saved.stderr[-2000:]
     loaded = run(f'''
         import sys, zoo
-        model = zoo.load({str(tmp_path / "rel")!r})
+        model = zoo.load({str(site.parent / "release")!r})
         print(type(model).__name__, "userzoo.models" in sys.modules)
-    ''', tmp_path)
+    ''', site, extra_path=str(tmp_path))
     assert loaded.returncode == 0 and loaded.stdout.strip() == "ScaledViT True", loaded.stderr[-2000:]
 
 

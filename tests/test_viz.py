@@ -238,8 +238,13 @@ def test_zoo_viz_writes_pictures_and_their_numbers(tmp_path):
         model(model.preprocess(Image.open(digit)))
     saved = np.load(out / "sample-0" / "quiet_nothing.npz")["nothing"]
     np.testing.assert_allclose(saved, torch.stack([m.extra["nothing"][0] for m in maps]).numpy(), rtol=1e-6)
-    viz("gpt-tiny.shakespeare", "--out", tmp_path / "text", "--input", "ROMEO: to be")
-    assert (tmp_path / "text" / "sample-0" / "attention_tokens.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--overwrite"):
+        viz("gpt-tiny.shakespeare", "--out", out, "--input", "ROMEO: to be")
+    assert (out / "sample-0" / "quiet_nothing.png").exists()
+    viz("gpt-tiny.shakespeare", "--out", out, "--input", "ROMEO: to be", "--overwrite")  # the image's pictures go
+    assert (out / "sample-0" / "attention_tokens.png").stat().st_size > 1000
+    assert not (out / "patch_filters.png").exists()
+    assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
 
 
 def test_zoo_viz_with_samples_of_its_data(tmp_path):
@@ -268,11 +273,9 @@ def test_zoo_viz_refusals(tmp_path):
     np.save(tmp_path / "wrong.npy", np.zeros((5, 5, 5), dtype=np.float32))
     with pytest.raises(SystemExit, match=r"takes inputs of shape \(1, 28, 28\)"):
         viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "wrong.npy")
-    np.save(tmp_path / "ok.npy", np.zeros((28, 28), dtype=np.uint8))
+    np.save(tmp_path / "ok.npy", np.zeros((28, 28), dtype=np.uint8))  # a uint8 image without its channel
     viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "ok.npy")
-    with pytest.raises(SystemExit, match="--overwrite"):
-        viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "ok.npy")
-    viz("vit-tiny.mnist", "--out", tmp_path / "a", "--input", tmp_path / "ok.npy", "--overwrite")
+    assert (tmp_path / "a" / "sample-0" / "rollout.png").exists()
     assert not [p for p in tmp_path.iterdir() if "staging" in p.name]
 
 
