@@ -41,13 +41,12 @@ def run(code: str, site, extra_path: str | None = None) -> subprocess.CompletedP
 def site(tmp_path_factory):
     """The user's package on a path of its own, and a release folder of its model saved in a fresh interpreter
     (one save serves every test: each loads it in an interpreter of its own)."""
-    site = tmp_path_factory.mktemp("site")
-    (site / "userzoo").mkdir()
+    site = tmp_path_factory.mktemp("plugin") / "site"  # its release beside it, in site.parent
+    (site / "userzoo").mkdir(parents=True)
     (site / "userzoo" / "__init__.py").write_text("")
     (site / "userzoo" / "models.py").write_text(PLUGIN)
     saved = run(f'''
-        import torch, zoo, userzoo.models
-        torch.manual_seed(0)
+        import zoo, userzoo.models
         zoo.create("scaled-vit-tiny").save_pretrained({str(site.parent / "release")!r})
     ''', site)
     assert saved.returncode == 0, saved.stderr[-2000:]
