@@ -10,6 +10,8 @@
     python bench/capabilities.py --sweep --only 'mqar/*'  # each cell's learning rate from a sweep at seed 0
     python bench/capabilities.py --markdown          # the README's tables: mean ± std over seeds, from the JSON
     python bench/capabilities.py --estimate --only 'listops/*' --seeds 0  # minutes a run would take here
+    python bench/capabilities.py --grid --steps 8000 --out bench/results/capabilities_8000_steps.json \
+        --only 'mqar_p16/gpt-tiny/0'                 # off the equal budget: longer training, a file of its own
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
@@ -142,9 +144,9 @@ def build_data(task: str, spec: tuple, batch_size: int, seed: int, tiny: bool, f
     return getattr(zoo.data, name)(**kwargs)
 
 
-def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = None):
+def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = None, steps: int | None = None):
     """One run's data, SequenceTask, budget and model size, and why it is not tested beyond its training
-    length (None: it is). lr: instead of the budget's."""
+    length (None: it is). lr, steps: instead of the budget's."""
     import lightning as L
 
     from zoo.training.sequence import SequenceTask
@@ -168,7 +170,7 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
     L.seed_everything(seed, verbose=False)
     data = build_data(task, spec, budget["batch_size"], seed, tiny)
-    budget = {**budget, "lr": budget["lr"] if lr is None else lr}
+    budget = {**budget, "lr": budget["lr"] if lr is None else lr, "steps": steps or budget["steps"]}
     hyper = {k: budget[k] for k in ("lr", "warmup_steps", "weight_decay")}
     not_tested = None
     try:
@@ -191,12 +193,13 @@ def _trainer(steps: int, callbacks=()):
                      accelerator="cpu")
 
 
-def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None, lr: float | None = None) -> dict:
+def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None, lr: float | None = None,
+            steps: int | None = None) -> dict:
     """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
-    model in, as a release folder (zoo.load reads it), for pictures of what it learned; lr: instead of the
-    budget's."""
+    model in, as a release folder (zoo.load reads it), for pictures of what it learned; lr, steps: instead of
+    the budget's (the schedule's cosine decay stretches to the steps)."""
 
-    data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr)
+    data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr, steps)
     trainer = _trainer(budget["steps"])
     start = time.perf_counter()
     trainer.fit(module, data)
@@ -461,6 +464,10 @@ def main(argv=None):
     parser.add_argument("--estimate", action="store_true",
                         help="time a few training steps of each selected run and print minutes per run, against "
                              "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train this many optimizer steps instead of the budget's: runs off the equal budget, "
+                             "so they need an --out of their own; each cell trains at the rate the equal-budget "
+                             "file's sweep chose for it")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads per run (default 1, so two runs share two cores; each record keeps its count)")
     parser.add_argument("--list", action="store_true")
@@ -478,9 +485,22 @@ def main(argv=None):
             parser.error(str(error))
         print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
         return
-    out = args.out or (TINY_OUT if args.tiny else OUT)
+    equal_budget_out = TINY_OUT if args.tiny else OUT
+    out = args.out or equal_budget_out
+    budget_steps = (TINY_BUDGET if args.tiny else BUDGET)["steps"]
+    steps = budget_steps if args.steps is None else args.steps
+    if steps < 1:
+        parser.error(f"--steps takes a count of optimizer steps from 1, not {steps}")
+    off_budget = steps != budget_steps
+    if off_budget and out.resolve() == equal_budget_out.resolve():
+        parser.error(f"--steps {steps} is off the equal budget's {budget_steps}: its runs need a file of their own, "
+                     f"e.g. --out {RESULTS / f'capabilities_{steps}_steps.json'}")
+    if off_budget and (args.sweep or args.estimate):
+        parser.error(f"--{'sweep' if args.sweep else 'estimate'} works at the equal budget's {budget_steps} steps: "
+                     f"leave out --steps {steps}")
     try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
         results = load(out)
+        rates = load(equal_budget_out) if off_budget else None  # where each cell's swept rate is
     except (OSError, ValueError) as error:
         parser.error(str(error))
     if (args.table or args.markdown or args.readme) and not results["runs"]:
@@ -523,12 +543,14 @@ def main(argv=None):
             print(f"not swept (no validation split): {', '.join(unswept)}")
 
     def status(results: dict, t: str, m: str, s: int) -> str:
-        """done, to run, or to run again: a record at another rate than the cell's sweep chose."""
-        record, lr = results["runs"].get(f"{t}/{m}/{s}"), wanted_lr(results, t, m, default_lr)
+        """done, to run, or to run again: a record at other steps, or at another rate than the cell's sweep chose."""
+        record, lr = results["runs"].get(f"{t}/{m}/{s}"), wanted_lr(rates or results, t, m, default_lr)
         if args.sweep:
             return "done" if chosen_lr(results, t, m) is not None and record and "sweep" in record else "to sweep"
         if record is None:
             return "to run"
+        if record["steps"] != steps:
+            return f"to run again for {steps} steps (this one ran {record['steps']})"
         if record["lr"] == lr or (s == 0 and "sweep" in record):  # a sweep's seed 0 stands until a sweep redoes it
             return "done"
         return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
@@ -562,7 +584,7 @@ def main(argv=None):
                     sweep(out, t, m, args.tiny)
                     continue
                 print(f"{key} ...", flush=True)
-                record = run_one(t, m, s, args.tiny, lr=wanted_lr(results, t, m, default_lr))
+                record = run_one(t, m, s, args.tiny, lr=wanted_lr(rates or results, t, m, default_lr), steps=steps)
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)

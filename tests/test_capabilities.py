@@ -519,6 +519,41 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
         assert message in capsys.readouterr().err
 
 
+def test_bench_steps_trains_off_the_budget_into_a_file_of_its_own_at_the_swept_rate(tmp_path, monkeypatch, capsys):
+    """--steps: longer (or shorter) training than the equal budget's, at the rate the equal-budget file's sweep
+    chose for the cell; its records say their steps, and never join the equal-budget file."""
+    from bench import capabilities
+
+    equal = tmp_path / "capabilities_tiny.json"
+    monkeypatch.setattr(capabilities, "TINY_OUT", equal)
+    swept = {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr): {"lr": lr, "validation": {
+        "val/accuracy": 0.5 if lr != 3e-3 else 0.75, "val/loss": 1.0}} for lr in capabilities.SWEEP_LRS}
+    equal.write_text(json.dumps({"runs": {}, "sweep": swept}))
+    before = equal.read_bytes()
+    longer = tmp_path / "capabilities_12_steps.json"
+    base = ["--tiny", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "gpt-tiny", "--out", str(longer)]
+    capabilities.main([*base, "--steps", "12"])
+    runs = json.loads(longer.read_text())["runs"]
+    assert {k: (r["steps"], r["lr"]) for k, r in runs.items()} == {
+        "mqar/micro-gpt-tiny/0": (12, 3e-3),  # the equal-budget file's choice
+        "mqar/gpt-tiny/0": (12, capabilities.TINY_BUDGET["lr"])}  # not swept: the budget's rate
+    assert equal.read_bytes() == before
+    capabilities.main([*base, "--steps", "12", "--list"])
+    assert capsys.readouterr().out.count(": done") == 2
+    capabilities.main([*base, "--list"])  # the budget's steps in that file: each record ran others
+    assert "mqar/gpt-tiny/0: to run again for 10 steps (this one ran 12)" in capsys.readouterr().out
+    for argv, message in [(["--steps", "12", "--out", str(equal)], "--steps 12 is off the equal budget's 10: its "
+                           "runs need a file of their own, e.g. --out"),
+                          (["--steps", "0", "--out", str(longer)], "--steps takes a count of optimizer steps from 1, "
+                           "not 0"),
+                          (["--steps", "12", "--sweep", "--out", str(longer)], "--sweep works at the equal budget's "
+                           "10 steps: leave out --steps 12")]:
+        with pytest.raises(SystemExit):
+            capabilities.main(["--tiny", *argv])
+        assert message in capsys.readouterr().err
+    assert equal.read_bytes() == before
+
+
 def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path, monkeypatch, capsys):
     import bench.common
     from bench import capabilities
