@@ -170,7 +170,7 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
     L.seed_everything(seed, verbose=False)
     data = build_data(task, spec, budget["batch_size"], seed, tiny)
-    budget = {**budget, "lr": budget["lr"] if lr is None else lr, "steps": steps or budget["steps"]}
+    budget = {**budget, "lr": budget["lr"] if lr is None else lr, "steps": budget["steps"] if steps is None else steps}
     hyper = {k: budget[k] for k in ("lr", "warmup_steps", "weight_decay")}
     not_tested = None
     try:
@@ -487,7 +487,8 @@ def main(argv=None):
         return
     equal_budget_out = TINY_OUT if args.tiny else OUT
     out = args.out or equal_budget_out
-    budget_steps = (TINY_BUDGET if args.tiny else BUDGET)["steps"]
+    equal_budget = TINY_BUDGET if args.tiny else BUDGET
+    budget_steps, default_lr = equal_budget["steps"], equal_budget["lr"]
     steps = budget_steps if args.steps is None else args.steps
     if steps < 1:
         parser.error(f"--steps takes a count of optimizer steps from 1, not {steps}")
@@ -531,7 +532,6 @@ def main(argv=None):
     if not runs and not args.table:
         parser.error(f"--only {args.only!r} matches no run of these tasks, models and seeds (keys are "
                      "task/model/seed, e.g. 'mqar/gpt-tiny/0'; --list shows them)")
-    default_lr = (TINY_BUDGET if args.tiny else BUDGET)["lr"]
     specs = TINY_TASKS if args.tiny else TASKS
     if args.sweep:
         unswept = sorted({t for t, _, _ in runs if specs[t][0] not in VALIDATED})
