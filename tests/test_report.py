@@ -89,7 +89,7 @@ def test_capability_plots_draw_zoologys_grid_averaged_over_seeds(monkeypatch):
 
     def lines(series, xlabel, ylabel, title, log=True):
         drawn[title] = series
-        return figures.plt.figure()
+        return figures._subplots(figsize=(2, 2))[0]
 
     monkeypatch.setattr(figures, "lines_figure", lines)
 

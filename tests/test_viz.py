@@ -2,6 +2,9 @@
 
 import itertools
 import math
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +186,27 @@ def test_pictures_draw_what_applies(name, expected, tmp_path):
         assert (tmp_path / f"{key}.png").stat().st_size > 1000 and numbers
     if model.config.get("pos_embed") != "learned":
         assert "position_similarity" not in drawn
+
+
+CALLERS_MATPLOTLIB = textwrap.dedent("""
+    import matplotlib
+    matplotlib.use("svg")
+    import matplotlib.pyplot as plt
+    mine = plt.figure()
+    import torch
+    from zoo.training.pictures import figure_to_array
+    from zoo.viz import figures
+    drawn = figures.per_head_figure(torch.rand(3, 2), "value", "title")
+    print(matplotlib.get_backend(), plt.get_fignums() == [mine.number], figure_to_array(drawn).shape[2])
+""")
+
+
+def test_drawing_leaves_the_callers_matplotlib_alone():
+    """A picture is a value: importing zoo.viz keeps the caller's backend and their open figures, pyplot does
+    not keep what zoo draws alive, and the figure still renders to pixels through its own canvas."""
+    run = subprocess.run([sys.executable, "-c", CALLERS_MATPLOTLIB], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["svg", "True", "3"]
 
 
 def test_learned_mask_pictures_are_the_parameters():

@@ -132,10 +132,7 @@ def read_image(path: Path):
 
 
 def _save(figure, numbers: dict, folder: Path, name: str) -> None:
-    import matplotlib.pyplot as plt
-
     figure.savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
     np.savez_compressed(folder / f"{name}.npz", **numbers)
 
 

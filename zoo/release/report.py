@@ -36,11 +36,8 @@ def is_report_folder(path) -> bool:
 
 
 def _png(figure) -> str:
-    import matplotlib.pyplot as plt
-
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(figure)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 

@@ -88,8 +88,6 @@ class DrawPictures(L.Callback):
             return
         if (trainer.current_epoch + 1) % self.every_n_epochs:
             return
-        import matplotlib.pyplot as plt
-
         from zoo.viz import pictures
 
         x = first_validation_inputs(trainer, 1)
@@ -97,8 +95,6 @@ class DrawPictures(L.Callback):
                          include_model=self.include_model)
         for logger in trainer.loggers:
             self._log(logger, drawn, trainer.current_epoch, trainer.global_step)
-        for figure, _ in drawn.values():
-            plt.close(figure)
 
     @staticmethod
     def _log(logger, drawn: dict, epoch: int, step: int) -> None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files, never a window
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+def _subplots(rows: int = 1, cols: int = 1, *, figsize: tuple[float, float], squeeze: bool = True):
+    """A Figure and its axes, made outside pyplot: pyplot would keep every figure alive until closed, and
+    choosing its backend here would switch the caller's (closing their open figures). The figure draws
+    itself through its own Agg canvas, to a file or to an RGB array, whatever backend the caller uses."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=squeeze)
 
 
 def _grid_of(count: int, columns: int | None = None) -> tuple[int, int]:
@@ -22,7 +27,7 @@ def _grid_of(count: int, columns: int | None = None) -> tuple[int, int]:
 
 def _panels(count: int, size: float = 1.2, columns: int | None = None, title: str = ""):
     rows, cols = _grid_of(count, columns)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.4), squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(cols * size, rows * size + 0.4), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     if title:
@@ -64,13 +69,13 @@ def similarity_figure(similarity: torch.Tensor, grid: tuple[int, ...] | None = N
     (ViT Figure 7, centre); otherwise the N x N matrix."""
     sim = similarity.numpy()
     if grid is None or len(grid) != 2:
-        fig, ax = plt.subplots(figsize=(4.5, 4))
+        fig, ax = _subplots(figsize=(4.5, 4))
         shown = ax.imshow(sim, cmap="viridis", vmin=-1, vmax=1)
         ax.set_xlabel("position"), ax.set_ylabel("position"), ax.set_title(title, fontsize=9)
         fig.colorbar(shown, ax=ax)
         return fig
     rows, cols = grid
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 0.7, rows * 0.7 + 0.4), squeeze=False)
+    fig, axes = _subplots(rows, cols, figsize=(cols * 0.7, rows * 0.7 + 0.4), squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.imshow(sim[i].reshape(rows, cols), cmap="viridis", vmin=-1, vmax=1)
         ax.axis("off")
@@ -100,7 +105,7 @@ def overlay_figure(image: torch.Tensor, values: torch.Tensor, grid: tuple[int, i
     picture = img[0].numpy() if img.shape[0] == 1 else np.moveaxis(img[:3].numpy(), 0, -1)
     v = values.reshape(1, 1, *grid).float()
     up = torch.nn.functional.interpolate(v, size=tuple(img.shape[-2:]), mode="nearest")[0, 0].numpy()
-    fig, axes = plt.subplots(1, 2, figsize=(5, 2.6))
+    fig, axes = _subplots(1, 2, figsize=(5, 2.6))
     axes[0].imshow(picture, cmap="gray")
     axes[1].imshow(picture, cmap="gray")
     axes[1].imshow(up, cmap="jet", alpha=0.5)
@@ -113,7 +118,7 @@ def overlay_figure(image: torch.Tensor, values: torch.Tensor, grid: tuple[int, i
 def per_head_figure(values: torch.Tensor, ylabel: str, title: str) -> Figure:
     """A scatter of one number per (layer, head): values (layers, heads), depth on the x axis (ViT Figure 7, right)."""
     v = values.numpy()
-    fig, ax = plt.subplots(figsize=(4.5, 3))
+    fig, ax = _subplots(figsize=(4.5, 3))
     for head in range(v.shape[1]):
         ax.scatter(np.arange(v.shape[0]), v[:, head], s=14, label=f"head {head}")
     ax.set_xlabel("layer"), ax.set_ylabel(ylabel), ax.set_title(title, fontsize=9)
@@ -127,7 +132,7 @@ def alpha_figure(alpha: torch.Tensor, x: torch.Tensor | None = None, title: str 
     a = alpha.float().numpy()
     heads, rank = a.shape[0], a.ndim - 1
     if rank == 1:
-        fig, ax = plt.subplots(figsize=(5, 2.8))
+        fig, ax = _subplots(figsize=(5, 2.8))
         if x is not None:
             signal = x.float().reshape(-1).numpy()
             ax.plot(np.linspace(0, len(a[0]) - 1, len(signal)), signal / max(np.abs(signal).max(), 1e-12) * a.max(),
@@ -151,7 +156,7 @@ def alpha_figure(alpha: torch.Tensor, x: torch.Tensor | None = None, title: str 
 def token_figure(tokens: list[str], weights: torch.Tensor, title: str = "attention over the prompt") -> Figure:
     """A token-by-token heat map (L, L) with the tokens on both axes."""
     n = len(tokens)
-    fig, ax = plt.subplots(figsize=(max(3, n * 0.25 + 1), max(3, n * 0.25 + 0.8)))
+    fig, ax = _subplots(figsize=(max(3, n * 0.25 + 1), max(3, n * 0.25 + 0.8)))
     ax.imshow(weights.float().numpy(), cmap="magma")
     shown = [repr(t)[1:-1] for t in tokens]
     ax.set_xticks(range(n), shown, fontsize=6, rotation=90)
@@ -163,7 +168,7 @@ def token_figure(tokens: list[str], weights: torch.Tensor, title: str = "attenti
 def lines_figure(series: dict[str, tuple[list, list]], xlabel: str, ylabel: str, title: str,
                  log: bool = True) -> Figure:
     """One line per label through its (x, y) points, on log-log axes unless log=False."""
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = _subplots(figsize=(5.2, 3.4))
     for label, (x, y) in series.items():
         ax.plot(x, y, marker="o", markersize=3, label=label)
     if log:
@@ -176,7 +181,7 @@ def lines_figure(series: dict[str, tuple[list, list]], xlabel: str, ylabel: str,
 
 def bars_figure(groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> Figure:
     """Grouped bars: one group per label in `groups`, one bar per series."""
-    fig, ax = plt.subplots(figsize=(max(5.2, len(groups) * 0.9), 3.4))
+    fig, ax = _subplots(figsize=(max(5.2, len(groups) * 0.9), 3.4))
     width = 0.8 / max(len(series), 1)
     for i, (label, values) in enumerate(series.items()):
         ax.bar(np.arange(len(groups)) + i * width, values, width, label=label)
@@ -187,7 +192,7 @@ def bars_figure(groups: list[str], series: dict[str, list[float]], ylabel: str, 
 
 def scatter_figure(points: dict[str, tuple[float, float]], xlabel: str, ylabel: str, title: str) -> Figure:
     """Labelled points, x on a log axis (parameters)."""
-    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    fig, ax = _subplots(figsize=(5.2, 3.4))
     for label, (x, y) in points.items():
         ax.scatter([x], [y], s=18)
         ax.annotate(label, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
