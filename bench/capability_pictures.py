@@ -4,6 +4,8 @@
     python bench/capability_pictures.py            # MQAR: trains the models it lacks, then measures and draws
     python bench/capability_pictures.py --task induction_heads
     python bench/capability_pictures.py --table    # the table from bench/results/capability_pictures.json
+    python bench/capability_pictures.py --models gpt-tiny:alibi gpt-tiny:rope --name mqar_positions  # other models,
+                                                   # into files of their own
 
 Each model is trained on the task exactly as bench/capabilities.py trains it (its key TASK/MODEL/0: the same
 data, budget and seed) and kept as a release folder under bench/runs/capabilities/. Test sequences then go
@@ -16,15 +18,22 @@ being its running mean of earlier tokens.
 For micro the row is the weight of each token in the mean that the query subtracts; for elita, the convex
 mix of the token itself and its running mean (zoo.viz.capture says what each mechanism gives).
 
-Writes docs/images/TASK_attention.png (each model's last layer on one test sequence, one panel per head),
-docs/images/TASK_on_answer.png (the best head's weight on the answer, per layer and model) and
-bench/results/capability_pictures.json (MQAR) or capability_pictures_TASK.json.
+MQAR also asks where recall fails: accuracy by how far back the answer lies (query position minus answer
+position, in bands that double: 1, 2-3, 4-7, ...) over the whole fixed test set at every test length the
+model's positions reach, and the weight each answer (a value) puts on its key, the token before it: the
+first step of recall, where the value takes in which key it belongs to ("layer i on its key").
+
+Writes docs/images/NAME_attention.png (each model's last layer on one test sequence, one panel per head),
+docs/images/NAME_on_answer.png (the best head's weight on the answer, per layer and model) and
+bench/results/capability_pictures.json (MQAR) or capability_pictures_NAME.json; NAME is the task unless
+--name says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -51,8 +60,8 @@ TITLES = {"mqar": "MQAR: last layer, query rows against key columns (answers at 
 SEQUENCES = 100  # test sequences measured
 
 
-def output(task: str) -> Path:
-    return OUT if task == "mqar" else RESULTS / f"capability_pictures_{task}.json"
+def output(name: str) -> Path:
+    return OUT if name == "mqar" else RESULTS / f"capability_pictures_{name}.json"
 
 
 def answers(x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> list[tuple[int, int, int]]:
@@ -73,6 +82,23 @@ def induction_answers(x: torch.Tensor, y: torch.Tensor) -> list[tuple[int, int, 
         earlier = (x[b, :q] == x[b, q]).nonzero()
         found.append((b, q, int(earlier[0, 0]) + 1))
     return found
+
+
+def band(distance: int) -> tuple[int, str]:
+    """The band a distance falls in, as its first distance and its name: 1, 2-3, 4-7, 8-15, ..."""
+    low = 1 << (distance.bit_length() - 1)
+    return low, str(low) if low == 1 else f"{low}-{2 * low - 1}"
+
+
+def recall_by_distance(predicted: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> dict:
+    """{band's first distance: [correct, queries]} over the scored queries, the distance being the query's
+    position minus its answer's."""
+    counts = {}
+    for b, q, a in answers(x, y, num_pairs):
+        hit = counts.setdefault(band(q - a)[0], [0, 0])
+        hit[0] += int(predicted[b, q] == y[b, q])
+        hit[1] += 1
+    return counts
 
 
 def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) -> tuple[torch.Tensor, float]:
@@ -99,17 +125,39 @@ def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]
               "on_answer": [[round(float(v), 4) for v in layer] for layer in weight],
               "on_itself": [[round(float(v), 4) for v in layer] for layer in itself],
               "attention": [m.kind for m in maps]}
+    if task == "mqar":
+        on_key, key_even = on_answer(weights, [(b, a, a - 1) for b, _, a in where])
+        record["on_key"] = [[round(float(v), 4) for v in layer] for layer in on_key]
+        record["on_key_even"] = round(key_even, 4)  # an answer near the start sees few tokens: even is high
+        record["by_distance"] = distances(model, data)
     return record, weights[-1][0]  # the last layer's heads on the first sequence
 
 
-def draw(records: dict, last: dict, task: str = "mqar") -> None:
+def distances(model, data) -> dict:
+    """recall_by_distance over each whole test set whose length the model's positions reach (learned
+    positions: the training length only): {length: {band's name: [correct, queries]}}."""
+    found = {}
+    for length, test_set in zip(data.test_lengths, data.test_sets):
+        if length > data.sequence_length and model.config.get("pos_embed") == "learned":
+            continue
+        counts = {}
+        for x, y in torch.utils.data.DataLoader(test_set, batch_size=max(1, SEQUENCES * 64 // length)):
+            with torch.no_grad():
+                predicted = model(x).argmax(-1)
+            for low, (hits, total) in recall_by_distance(predicted, x, y, data.num_pairs).items():
+                counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
+        found[str(length)] = {band(low)[1]: counts[low] for low in sorted(counts)}
+    return found
+
+
+def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> None:
     from zoo.viz import figures
 
     IMAGES.mkdir(parents=True, exist_ok=True)
     maps = torch.cat([last[m] for m in records])
     labels = [f"{m}\nhead {h} ({records[m]['accuracy']:.0%})" for m in records for h in range(len(last[m]))]
     figure = figures.heatmaps_figure(maps, labels, title=TITLES[task])
-    figure.savefig(IMAGES / f"{task}_attention.png", dpi=110, bbox_inches="tight")
+    figure.savefig(IMAGES / f"{name}_attention.png", dpi=110, bbox_inches="tight")
     layers = max(len(r["on_answer"]) for r in records.values())
     series = {f"layer {i}": [max(r["on_answer"][i]) if i < len(r["on_answer"]) else 0 for r in records.values()]
               for i in range(layers)}
@@ -117,15 +165,24 @@ def draw(records: dict, last: dict, task: str = "mqar") -> None:
     figure = figures.bars_figure(list(records), series, "weight on the answer (best head)",
                                  f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
                                  "lands on the token it must recall")
-    figure.savefig(IMAGES / f"{task}_on_answer.png", dpi=110, bbox_inches="tight")
+    figure.savefig(IMAGES / f"{name}_on_answer.png", dpi=110, bbox_inches="tight")
 
 
 def table(results: dict, task: str = "mqar") -> None:
     rows = [{"model": m, "accuracy": r["accuracy"], "even": r["even"],
              **{f"layer {i} best head": max(v) for i, v in enumerate(r["on_answer"])},
-             **{f"layer {i} on itself": round(sum(v) / len(v), 4) for i, v in enumerate(r.get("on_itself", []))}}
+             **{f"layer {i} on itself": round(sum(v) / len(v), 4) for i, v in enumerate(r.get("on_itself", []))},
+             **{f"layer {i} on its key": max(v) for i, v in enumerate(r.get("on_key", []))},
+             **({"on its key, even": r["on_key_even"]} if "on_key_even" in r else {})}
             for m, r in results["models"].items()]
     print_table(f"{task}: weight a query puts on its answer (mean over queries)", rows, list(rows[0]))
+    rows = [{"model": m, "length": length, **{k: f"{hit / total:.1%} of {total}" for k, (hit, total) in bands.items()}}
+            for m, r in results["models"].items() for length, bands in r.get("by_distance", {}).items()]
+    if rows:
+        columns = ["model", "length"] + sorted({k for row in rows for k in row} - {"model", "length"},
+                                               key=lambda k: int(k.split("-")[0]))
+        print_table(f"{task}: accuracy by how far back the answer lies (query position - answer position)", rows,
+                    columns)
 
 
 def main(argv=None):
@@ -134,9 +191,17 @@ def main(argv=None):
     parser.add_argument("--task", default="mqar", choices=list(MODELS))
     parser.add_argument("--models", nargs="+", default=None, help="bench/capabilities.py's names (default: the "
                                                                    "task's pair of successes and failures)")
+    parser.add_argument("--name", default=None, help="the stem of the JSON and pictures written (default: the "
+                                                     "task); give one with --models, so as not to replace the task's")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
-    task = args.task
+    task, name = args.task, args.name or args.task
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise SystemExit(f"bench/capability_pictures.py: error: --name must be letters, digits and '_' (it names "
+                         f"files), got {name!r}")
+    if args.models and args.name is None:
+        raise SystemExit("bench/capability_pictures.py: error: --models needs --name, so that the task's own "
+                         f"results ({output(task).name}) and pictures are not replaced")
     args.models = args.models or list(MODELS[task])
     unknown = [m for m in args.models if m not in capabilities.MODELS]
     if unknown:
@@ -150,14 +215,16 @@ def main(argv=None):
             if not (folder / "config.json").is_file():
                 print(f"training {task}/{model}/0 ...", flush=True)
                 capabilities.run_one(task, model, 0, tiny=False, keep=folder)
-            data = capabilities.build_data(task, capabilities.TASKS[task], 64, 0, tiny=False, full_lengths=False)
+            data = capabilities.build_data(task, capabilities.TASKS[task], 64, 0, tiny=False,
+                                           full_lengths=task == "mqar")  # MQAR: recall by distance at every length
             data.setup("test")
             records[model], last[model] = measure(folder, data, task)
-        draw(records, last, task)
-        command = "python bench/capability_pictures.py" + ("" if task == "mqar" else f" --task {task}")
-        write_text_atomic(output(task), json.dumps({"models": records, "command": command, "machine": machine()},
+        draw(records, last, task, name)
+        command = " ".join(["python bench/capability_pictures.py"] + ([] if task == "mqar" else ["--task", task])
+                           + (["--models", *args.models, "--name", name] if args.name else []))
+        write_text_atomic(output(name), json.dumps({"models": records, "command": command, "machine": machine()},
                                                    indent=2))
-    table(json.loads(output(task).read_text()), task)
+    table(json.loads(output(name).read_text()), task)
 
 
 if __name__ == "__main__":

@@ -747,6 +747,62 @@ def test_capability_pictures_find_each_querys_answer_and_its_weight():
     assert even == pytest.approx((1 / 7 + 1 / 9) / 2)
 
 
+def test_capability_pictures_count_recall_by_how_far_back_the_answer_lies():
+    from bench.capability_pictures import band, recall_by_distance
+
+    assert [band(d)[1] for d in (1, 2, 3, 4, 7, 8, 15, 16, 1000)] == ["1", "2-3", "2-3", "4-7", "4-7", "8-15",
+                                                                    "8-15", "16-31", "512-1023"]
+    k0, v0, k1, v1, n = 3, 20, 5, 21, 9
+    x = torch.tensor([[k0, v0, k1, v1, n, k1, n, k0, n, n, n, k0, n, n, n, n, n, n, n, n, k1]])
+    y = torch.full_like(x, IGNORE)
+    y[0, 5], y[0, 7], y[0, 11], y[0, 20] = v1, v0, v0, v1  # answers at 3, 1, 1, 3: 2, 6, 10 and 17 back
+    predicted = y.clone()
+    predicted[0, 7], predicted[0, 20] = v1, v0  # wrong 6 and 17 back
+    assert recall_by_distance(predicted, x, y, num_pairs=2) == {2: [1, 1], 4: [0, 1], 8: [1, 1], 16: [0, 1]}
+
+
+class PerfectRecall(torch.nn.Module):
+    """MQAR answered by lookup: at each token that repeats a key of the pairs, that key's value."""
+
+    def __init__(self, num_pairs: int, vocab_size: int, pos_embed: str):
+        super().__init__()
+        self.num_pairs, self.vocab_size, self.config = num_pairs, vocab_size, {"pos_embed": pos_embed}
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, self.vocab_size)
+        for b, row in enumerate(x.tolist()):
+            values = dict(zip(row[0: 2 * self.num_pairs: 2], row[1: 2 * self.num_pairs: 2]))
+            for t, token in enumerate(row):
+                logits[b, t, values.get(token, 0)] = 1.0
+        return logits
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "rope"])
+def test_capability_pictures_measure_recall_by_distance_over_every_reachable_test_set(pos_embed):
+    from bench import capability_pictures
+
+    data = MQAR(vocab_size=64, sequence_length=32, num_pairs=4, test_lengths=[128], test_samples=20)
+    data.setup("test")
+    found = capability_pictures.distances(PerfectRecall(4, 64, pos_embed), data)
+    assert list(found) == (["32"] if pos_embed == "learned" else ["32", "128"])  # learned: the training length only
+    for length, bands in found.items():
+        assert sum(total for _, total in bands.values()) == 20 * 4  # every query of every test sequence, once
+        assert all(hits == total for hits, total in bands.values())
+        firsts = [int(k.split("-")[0]) for k in bands]
+        assert firsts == sorted(firsts) and max(firsts) < int(length)
+    if pos_embed == "rope":  # the longer set reaches answers further back than the training length
+        assert max(int(k.split("-")[0]) for k in found["128"]) >= 32
+
+
+def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_files():
+    from bench.capability_pictures import main
+
+    with pytest.raises(SystemExit, match="--models needs --name"):
+        main(["--models", "gpt-tiny:alibi"])
+    with pytest.raises(SystemExit, match=r"--name must be letters, digits and '_' .*got '\.\./x'"):
+        main(["--models", "gpt-tiny:alibi", "--name", "../x"])
+
+
 def test_capability_pictures_find_each_induction_answer_and_the_weight_on_itself():
     from bench.capability_pictures import induction_answers, on_answer
 
