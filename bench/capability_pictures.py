@@ -24,7 +24,8 @@ model's positions reach, and the weight each answer (a value) puts on its key, t
 first step of recall, where the value takes in which key it belongs to ("layer i on its key").
 
 Writes docs/images/NAME_attention.png (each model's last layer on one test sequence, one panel per head),
-docs/images/NAME_on_answer.png (the best head's weight on the answer, per layer and model) and
+docs/images/NAME_on_answer.png (the best head's weight on the answer, per layer and model),
+docs/images/NAME_by_distance.png (MQAR: accuracy against the distance, at each model's longest test length) and
 bench/results/capability_pictures.json (MQAR) or capability_pictures_NAME.json; NAME is the task unless
 --name says otherwise.
 """
@@ -166,6 +167,16 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
                                  f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
                                  "lands on the token it must recall")
     figure.savefig(IMAGES / f"{name}_on_answer.png", dpi=110, bbox_inches="tight")
+    if any("by_distance" in r for r in records.values()):  # at the longest length each model reaches
+        series = {}
+        for model, r in records.items():
+            length, bands = max(r["by_distance"].items(), key=lambda item: int(item[0]))
+            series[f"{model} (length {length})"] = ([int(k.split("-")[0]) for k in bands],
+                                                   [100 * hit / total for hit, total in bands.values()])
+        figure = figures.lines_figure(series, "answer this many tokens back (first of a band: 1, 2-3, 4-7, ...)",
+                                      "accuracy %", "MQAR: recall against how far back the answer lies", log=False)
+        figure.axes[0].set_xscale("log", base=2)
+        figure.savefig(IMAGES / f"{name}_by_distance.png", dpi=110, bbox_inches="tight")
 
 
 def table(results: dict, task: str = "mqar") -> None:
