@@ -167,7 +167,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
                                  f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
                                  "lands on the token it must recall")
     figure.savefig(IMAGES / f"{name}_on_answer.png", dpi=110, bbox_inches="tight")
-    if any("by_distance" in r for r in records.values()):  # at the longest length each model reaches
+    if task == "mqar":  # recall by distance, at the longest length each model reaches
         series = {}
         for model, r in records.items():
             length, bands = max(r["by_distance"].items(), key=lambda item: int(item[0]))
