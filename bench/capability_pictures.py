@@ -91,6 +91,11 @@ def band(distance: int) -> tuple[int, str]:
     return low, str(low) if low == 1 else f"{low}-{2 * low - 1}"
 
 
+def band_start(name: str) -> int:
+    """A band's first distance, from its name (the JSON's keys)."""
+    return int(name.split("-")[0])
+
+
 def recall_by_distance(predicted: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> dict:
     """{band's first distance: [correct, queries]} over the scored queries, the distance being the query's
     position minus its answer's."""
@@ -136,10 +141,12 @@ def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]
 
 def distances(model, data) -> dict:
     """recall_by_distance over each whole test set whose length the model's positions reach (learned
-    positions: the training length only): {length: {band's name: [correct, queries]}}."""
+    positions: up to their context): {length: {band's name: [correct, queries]}}."""
+    from zoo.training.sequence import position_reach
+
     found = {}
     for length, test_set in zip(data.test_lengths, data.test_sets):
-        if length > data.sequence_length and model.config.get("pos_embed") == "learned":
+        if length > position_reach(model):
             continue
         counts = {}
         for x, y in torch.utils.data.DataLoader(test_set, batch_size=max(1, SEQUENCES * 64 // length)):
@@ -171,7 +178,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
         series = {}
         for model, r in records.items():
             length, bands = max(r["by_distance"].items(), key=lambda item: int(item[0]))
-            series[f"{model} (length {length})"] = ([int(k.split("-")[0]) for k in bands],
+            series[f"{model} (length {length})"] = ([band_start(k) for k in bands],
                                                    [100 * hit / total for hit, total in bands.values()])
         figure = figures.lines_figure(series, "answer this many tokens back (first of a band: 1, 2-3, 4-7, ...)",
                                       "accuracy %", "MQAR: recall against how far back the answer lies", log=False)
@@ -191,7 +198,7 @@ def table(results: dict, task: str = "mqar") -> None:
             for m, r in results["models"].items() for length, bands in r.get("by_distance", {}).items()]
     if rows:
         columns = ["model", "length"] + sorted({k for row in rows for k in row} - {"model", "length"},
-                                               key=lambda k: int(k.split("-")[0]))
+                                               key=band_start)
         print_table(f"{task}: accuracy by how far back the answer lies (query position - answer position)", rows,
                     columns)
 

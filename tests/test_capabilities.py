@@ -764,9 +764,10 @@ def test_capability_pictures_count_recall_by_how_far_back_the_answer_lies():
 class PerfectRecall(torch.nn.Module):
     """MQAR answered by lookup: at each token that repeats a key of the pairs, that key's value."""
 
-    def __init__(self, num_pairs: int, vocab_size: int, pos_embed: str):
+    def __init__(self, num_pairs: int, vocab_size: int, pos_kind: str, context_length: int):
         super().__init__()
-        self.num_pairs, self.vocab_size, self.config = num_pairs, vocab_size, {"pos_embed": pos_embed}
+        self.num_pairs, self.vocab_size, self.pos_kind, self.context_length = num_pairs, vocab_size, pos_kind, \
+            context_length
 
     def forward(self, x):
         logits = torch.zeros(*x.shape, self.vocab_size)
@@ -783,7 +784,7 @@ def test_capability_pictures_measure_recall_by_distance_over_every_reachable_tes
 
     data = MQAR(vocab_size=64, sequence_length=32, num_pairs=4, test_lengths=[128], test_samples=20)
     data.setup("test")
-    found = capability_pictures.distances(PerfectRecall(4, 64, pos_embed), data)
+    found = capability_pictures.distances(PerfectRecall(4, 64, pos_embed, context_length=32), data)
     assert list(found) == (["32"] if pos_embed == "learned" else ["32", "128"])  # learned: the training length only
     for length, bands in found.items():
         assert sum(total for _, total in bands.values()) == 20 * 4  # every query of every test sequence, once

@@ -187,12 +187,17 @@ class SequenceTask(L.LightningModule):
         return optim.configure(self, h.lr, h.weight_decay, h.warmup_steps)
 
 
+def position_reach(model) -> float:
+    """The longest sequence a model's positions can index: its context for learned positions, else unbounded."""
+    return model.context_length if getattr(model, "pos_kind", None) == "learned" else math.inf
+
+
 def check_reach(model, model_name: str, test_lengths: list[int], vocab_size: int | None) -> None:
     """Refuse, before any work, test lengths beyond a model's learned positions and a vocabulary too small."""
     if vocab_size is not None and model.vocab_size < vocab_size:
         raise ValueError(f"{model_name} has vocab_size={model.vocab_size}, but the data's tokens go up to "
                          f"{vocab_size - 1}: leave vocab_size out of model_overrides (the data sets it)")
-    reach = model.context_length if getattr(model, "pos_kind", None) == "learned" else math.inf
+    reach = position_reach(model)
     beyond = [n for n in test_lengths if n > reach]
     if beyond:
         raise ValueError(f"{model_name} has learned positions for {reach} tokens and cannot be tested at "
