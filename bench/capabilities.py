@@ -12,6 +12,8 @@
     python bench/capabilities.py --estimate --only 'listops/*' --seeds 0  # minutes a run would take here
     python bench/capabilities.py --grid --steps 8000 --out bench/results/capabilities_8000_steps.json \
         --only 'mqar_p16/gpt-tiny/0'                 # off the equal budget: longer training, a file of its own
+    python bench/capabilities.py --models gpt-tiny:alibi:bias_max2 --only 'mqar/*' \
+        --out bench/results/capabilities_alibi_slopes.json  # a variant outside the suite: a file of its own
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
@@ -34,6 +36,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -44,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import zoo  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import RESULTS, locked, machine, print_table, write_json  # noqa: E402
 from zoo.release.check import cores  # noqa: E402
@@ -66,7 +70,10 @@ FADING = {"elita": {"positions": "alibi", "pos_dim": 0}, "micro": {"positions": 
 # "name:conv": the model with a short causal convolution of this width at the start of every block
 # (TextTransformer's short_conv; Based, Arora et al. 2024, pairs linear attention with such short ones);
 # "name:conv1": in the first block only (hybrid-elita-conv1-gpt-tiny's form: decoding pays for one);
-# "name:w128": the model at width 128 (Zoology's grid, below); variants combine: "name:conv:w128"
+# "name:w128": the model at width 128 (Zoology's grid, below); "name:alibi:bias_max2": ALiBi with the slopes
+# 2^(-2 h / heads) (the paper's exponent 8 replaced by 2: at 2 heads 1/2 and 1/4, the steepest two of the
+# paper's eight heads), "name:alibi:bias_max2-16" 2 in the first block and 16 in the second; tried outside
+# the suite (a file of its own, below); variants combine: "name:conv:w128"
 CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
@@ -144,15 +151,10 @@ def build_data(task: str, spec: tuple, batch_size: int, seed: int, tiny: bool, f
     return getattr(zoo.data, name)(**kwargs)
 
 
-def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = None, steps: int | None = None):
-    """One run's data, SequenceTask, budget and model size, and why it is not tested beyond its training
-    length (None: it is). lr, steps: instead of the budget's."""
-    import lightning as L
-
-    from zoo.training.sequence import SequenceTask
-
-    spec = (TINY_TASKS if tiny else TASKS)[task]
-    budget, size = (TINY_BUDGET, TINY_SIZE) if tiny else (BUDGET, SIZE)
+def model_spec(model: str, tiny: bool = False) -> tuple[str, dict]:
+    """The registered name and the size arguments (zoo.create's) of a suite model "name:variant:...", the
+    variants described at MODELS."""
+    size = TINY_SIZE if tiny else SIZE
     name, *variants = model.split(":")
     for variant in variants:
         if variant == "alibi" and name.split("-")[0] in FADING:  # the mechanism's own fading option
@@ -163,11 +165,38 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
             size = {**size, "short_conv": [CONV_WIDTH] + [0] * (size["depth"] - 1)}
         elif variant.startswith("w") and variant[1:].isdigit():  # Zoology's grid: the model at another width
             size = {**size, "embed_dim": int(variant[1:])}
+        elif re.fullmatch(r"bias_max\d+(-\d+)*", variant):  # ALiBi's slopes
+            exponents = [int(e) for e in variant.removeprefix("bias_max").split("-")]  # all blocks', or each's
+            options = [{**size.get("attention_options", {}), "alibi_bias_max": e} for e in exponents]
+            size = {**size, "attention_options": options[0] if len(options) == 1 else options}
         else:
             size = {**size, "pos_embed": variant}
     if name in MIXES:  # registered with 4 blocks; here at the suite's depth
         blocks = [MIXES[name]] * (size["depth"] - 1) + ["softmax"]
         size, name = {**size, "attention": blocks, "pos_embed": "none"}, "gpt-tiny"
+    return name, size
+
+
+def unbuildable(model: str, tiny: bool = False) -> str | None:
+    """Why zoo cannot build the suite model `model` ("name:variant:..."), or None when it can."""
+    name, size = model_spec(model, tiny)
+    try:
+        zoo.create(name, vocab_size=16, context_length=16, **size)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = None, steps: int | None = None):
+    """One run's data, SequenceTask, budget and model size, and why it is not tested beyond its training
+    length (None: it is). lr, steps: instead of the budget's."""
+    import lightning as L
+
+    from zoo.training.sequence import SequenceTask
+
+    spec = (TINY_TASKS if tiny else TASKS)[task]
+    budget = TINY_BUDGET if tiny else BUDGET
+    name, size = model_spec(model, tiny)
     L.seed_everything(seed, verbose=False)
     data = build_data(task, spec, budget["batch_size"], seed, tiny)
     budget = {**budget, "lr": budget["lr"] if lr is None else lr, "steps": budget["steps"] if steps is None else steps}
@@ -522,6 +551,12 @@ def main(argv=None):
     seeds = [0] if args.sweep else args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
     if args.grid and (args.models or args.tiny):
         parser.error("--grid runs its own models and sizes: narrow it with --only, e.g. --only 'mqar_p8/*'")
+    for m in args.models or ():  # a model zoo cannot build is refused before anything runs
+        if why := unbuildable(m, args.tiny):
+            parser.error(f"--models {m}: {why}")
+        if m not in MODELS and out.resolve() == equal_budget_out.resolve():
+            parser.error(f"--models {m} is not one of the suite's (MODELS): its runs need a file of their own, "
+                         f"e.g. --out {RESULTS / 'capabilities_variants.json'}")
     if args.grid:
         models = [_grid_name(m, w) for m in GRID_MODELS for w in GRID_WIDTHS]
         tasks = GRID_TASKS

@@ -183,6 +183,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
         figure = figures.lines_figure(series, "answer this many tokens back (first of a band: 1, 2-3, 4-7, ...)",
                                       "accuracy %", "MQAR: recall against how far back the answer lies", log=False)
         figure.axes[0].set_xscale("log", base=2)
+        figure.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the lines, not over them
         figure.savefig(IMAGES / f"{name}_by_distance.png", dpi=110, bbox_inches="tight")
 
 
@@ -221,10 +222,9 @@ def main(argv=None):
         raise SystemExit("bench/capability_pictures.py: error: --models needs --name, so that the task's own "
                          f"results ({output(task).name}) and pictures are not replaced")
     args.models = args.models or list(MODELS[task])
-    unknown = [m for m in args.models if m not in capabilities.MODELS]
-    if unknown:
-        raise SystemExit(f"bench/capability_pictures.py: error: unknown model {unknown[0]!r}; choose from "
-                         f"{', '.join(capabilities.MODELS)}")
+    for model in args.models:  # the suite's models and their variants (bench/capabilities.py's MODELS)
+        if why := capabilities.unbuildable(model):
+            raise SystemExit(f"bench/capability_pictures.py: error: --models {model}: {why}")
     if not args.table:
         torch.set_num_threads(1)
         records, last = {}, {}

@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import zoo
+from zoo.attention.positions import alibi_slopes
 from zoo.data import MQAR, InductionHeads, ListOps, LongContextText, PixelMNIST, SelectiveCopying, synthetic
 from zoo.data.sequences import IGNORE, encode_chars
 from zoo.models.tokenizer import CharTokenizer
@@ -802,6 +804,34 @@ def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_fi
         main(["--models", "gpt-tiny:alibi"])
     with pytest.raises(SystemExit, match=r"--name must be letters, digits and '_' .*got '\.\./x'"):
         main(["--models", "gpt-tiny:alibi", "--name", "../x"])
+    with pytest.raises(SystemExit, match=r"--models gpt-tiny:nope: .*pos_embed must be one of .*got 'nope'"):
+        main(["--models", "gpt-tiny:nope", "--name", "x"])
+
+
+def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused_without_alibi(tmp_path, capsys):
+    from bench import capabilities
+
+    name, size = capabilities.model_spec("gpt-tiny:alibi:bias_max2")
+    model = zoo.create(name, vocab_size=16, context_length=16, **size)
+    attns = [block.attn for block in model.blocks]
+    assert name == "gpt-tiny" and [a.positions for a in attns] == ["alibi", "alibi"]
+    # 2 heads at bias_max 2: 2^-1 and 2^-2, the slopes of the paper's 8-head ALiBi's two steepest heads
+    assert [alibi_slopes(a.heads, bias_max=a.alibi_bias_max).tolist() for a in attns] == [[0.5, 0.25]] * 2
+    assert capabilities.unbuildable("gpt-tiny:alibi:bias_max2") is None
+    name, size = capabilities.model_spec("gpt-tiny:alibi:bias_max2-16")  # per block: steep first, flat second
+    model = zoo.create(name, vocab_size=16, context_length=16, **size)
+    assert [alibi_slopes(b.attn.heads, bias_max=b.attn.alibi_bias_max).tolist() for b in model.blocks] == [
+        [0.5, 0.25], [2.0 ** -8, 2.0 ** -16]]
+    for bad, why in [("gpt-tiny:bias_max2", "needs positions='alibi'"), ("nope-gpt", "unknown model 'nope-gpt'"),
+                     ("gpt-tiny:alibi:bias_max2-4-8", "a list of 2 dicts (one per block)")]:
+        with pytest.raises(SystemExit):  # refused in one line before anything runs or is listed
+            capabilities.main(["--models", bad, "--list", "--out", str(tmp_path / "c.json")])
+        err = capsys.readouterr().err
+        assert f"--models {bad}: " in err and why in err
+    assert not (tmp_path / "c.json").exists()
+    with pytest.raises(SystemExit):  # outside the suite's MODELS: not into the file the README's tables read
+        capabilities.main(["--models", "gpt-tiny:alibi:bias_max2", "--list"])
+    assert "is not one of the suite's (MODELS): its runs need a file of their own" in capsys.readouterr().err
 
 
 def test_capability_pictures_find_each_induction_answer_and_the_weight_on_itself():
