@@ -180,6 +180,8 @@ def model_spec(model: str, tiny: bool = False) -> tuple[str, dict]:
 def unbuildable(model: str, tiny: bool = False) -> str | None:
     """Why zoo cannot build the suite model `model` ("name:variant:..."), or None when it can."""
     name, size = model_spec(model, tiny)
+    if name not in zoo.list_models():
+        return f"unknown model {name!r}; the suite's are {', '.join(MODELS)} (variants after ':', see MODELS)"
     try:
         zoo.create(name, vocab_size=16, context_length=16, **size)
     except ValueError as error:

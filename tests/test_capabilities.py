@@ -822,7 +822,8 @@ def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused
     model = zoo.create(name, vocab_size=16, context_length=16, **size)
     assert [alibi_slopes(b.attn.heads, bias_max=b.attn.alibi_bias_max).tolist() for b in model.blocks] == [
         [0.5, 0.25], [2.0 ** -8, 2.0 ** -16]]
-    for bad, why in [("gpt-tiny:bias_max2", "needs positions='alibi'"), ("nope-gpt", "unknown model 'nope-gpt'"),
+    for bad, why in [("gpt-tiny:bias_max2", "needs positions='alibi'"),
+                     ("nope-gpt", "unknown model 'nope-gpt'; the suite's are gpt-tiny, "),
                      ("gpt-tiny:alibi:bias_max2-4-8", "a list of 2 dicts (one per block)")]:
         with pytest.raises(SystemExit):  # refused in one line before anything runs or is listed
             capabilities.main(["--models", bad, "--list", "--out", str(tmp_path / "c.json")])
