@@ -434,6 +434,8 @@ def test_micro_positions_are_refused_where_they_cannot_work():
             make(name, alibi_bias_max=12)
         with pytest.raises(ValueError, match=r"alibi_bias_max must be a finite number in \(0.0, inf\], got 0"):
             make(name, positions="alibi", alibi_bias_max=0)
+        with pytest.raises(ValueError, match=r"alibi_bias_max must be at most 126, got 99999: the slowest slope"):
+            make(name, positions="alibi", alibi_bias_max=99999)  # its slope, 2^-99999, would be a silent 0
     assert make("micro", alibi_bias_max=8).slopes is None  # the default, spelled out, is fine
 
 

@@ -358,6 +358,14 @@ def test_bad_input_to_the_functions_is_refused():
             alibi_slopes(4, bias_max=bad)
     with pytest.raises(TypeError, match="bias_max must be a number, got True"):
         alibi_slopes(4, bias_max=True)
+    # 2^-126 is float32's smallest normal number; past it the slowest slope would round towards 0 (2^-150 is 0)
+    assert alibi_slopes(2, bias_max=126, dtype=torch.float32).tolist() == [2.0**-63, 2.0**-126]
+    for bad in (126.5, 150, 99999):
+        with pytest.raises(ValueError, match=rf"alibi_slopes bias_max must be at most 126, got {bad:g}: the slowest "
+                                             r"slope, 2\^-bias_max, would be below float32's smallest normal"):
+            alibi_slopes(4, bias_max=bad)
+        with pytest.raises(ValueError, match=rf"SoftmaxAttention alibi_bias_max must be at most 126, got {bad:g}"):
+            make("softmax", "alibi", alibi_bias_max=bad)
     with pytest.raises(ValueError, match="slopes as a 1-D"):
         alibi_bias(torch.ones(2, 2), torch.arange(3), torch.arange(3))
 

@@ -176,7 +176,7 @@ class ElitaAttention(nn.Module):
             The logits then grow with the position (m_h i): in float32 they keep about 7 digits, so at 100k
             tokens and m_h = 1/4 the weights are exact to a few parts in a thousand.
         alibi_bias_max: with positions="alibi", the exponent of the slowest slope, 2^-alibi_bias_max, a number
-            > 0 (default 8, ALiBi's). See `alibi_slopes`.
+            in (0, 126] (default 8, ALiBi's). See `alibi_slopes`.
     """
 
     def __init__(

@@ -146,7 +146,7 @@ class MicroAttention(nn.Module):
             history fading with distance, token j in m_t weighed by e^{-m_h (t - j)} s_j with ALiBi's slope m_h
             per head (causal layers only). It adds no parameters.
         alibi_bias_max: with positions="alibi", the exponent of the slowest slope, 2^-alibi_bias_max, a number
-            > 0 (default 8, ALiBi's: with 4 heads the slowest head's weight falls below 1% about 1,180 tokens
+            in (0, 126] (default 8, ALiBi's: with 4 heads the slowest head's weight falls below 1% about 1,180 tokens
             back; 12 puts that near 19,000). See `alibi_slopes`.
     """
 

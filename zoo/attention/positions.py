@@ -15,6 +15,11 @@ import torch
 
 from zoo.utils.checks import number
 
+# The largest ALiBi exponent taken: beyond it the slowest slope, 2^-bias_max, is below float32's smallest normal
+# number (2^-126, torch.finfo(torch.float32).tiny) and is rounded, to 0 past 2^-149, taking that head's
+# position signal with it; a silent 0 from a typo (99999 for 9.9999) would read as if it had worked.
+LARGEST_BIAS_MAX = 126.0
+
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """x rotated by RoPE at `positions`, in the half-split convention (GPT-NeoX, LLaMA's "rotate_half").
@@ -76,7 +81,8 @@ def alibi_slopes(heads: int, *, bias_max: float = 8.0, dtype: torch.dtype = torc
 
     Args:
         heads: the number of heads, an int >= 1.
-        bias_max: the exponent of the slowest slope, a number > 0 (default 8, the paper's).
+        bias_max: the exponent of the slowest slope, a number in (0, 126] (default 8, the paper's; 126 keeps
+            2^-bias_max a normal float32 number).
         dtype: the slopes' dtype (default float64; they are computed in Python floats).
         device: where the slopes live (default the CPU).
 
@@ -85,7 +91,7 @@ def alibi_slopes(heads: int, *, bias_max: float = 8.0, dtype: torch.dtype = torc
     """
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
         raise ValueError(f"alibi_slopes expects heads as an int >= 1, got {heads!r}")
-    bias_max = number(bias_max, "bias_max", "alibi_slopes", include_minimum=False)
+    bias_max = _exponent(bias_max, "bias_max", "alibi_slopes")
 
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-bias_max * (i + 1) / n) for i in range(n)]
@@ -95,10 +101,20 @@ def alibi_slopes(heads: int, *, bias_max: float = 8.0, dtype: torch.dtype = torc
     return torch.tensor(slopes, dtype=dtype, device=device)
 
 
+def _exponent(bias_max, name: str, owner: str) -> float:
+    bias_max = number(bias_max, name, owner, include_minimum=False)
+    if bias_max > LARGEST_BIAS_MAX:
+        raise ValueError(f"{owner} {name} must be at most {LARGEST_BIAS_MAX:g}, got {bias_max:g}: the slowest "
+                         f"slope, 2^-{name}, would be below float32's smallest normal number (2^-126) and round "
+                         f"towards 0, leaving that head without a position signal")
+    return bias_max
+
+
 def check_alibi_bias_max(positions: str | None, bias_max, owner: str) -> float:
-    """A layer's alibi_bias_max, checked: a finite number > 0, and other than 8 only with positions="alibi"
-    (elsewhere it would change nothing, and a setting that silently does nothing reads as if it had worked)."""
-    bias_max = number(bias_max, "alibi_bias_max", owner, include_minimum=False)
+    """A layer's alibi_bias_max, checked: a finite number in (0, 126], and other than 8 only with
+    positions="alibi" (elsewhere it would change nothing, and a setting that silently does nothing reads as if it
+    had worked)."""
+    bias_max = _exponent(bias_max, "alibi_bias_max", owner)
     if positions != "alibi" and bias_max != 8.0:
         raise ValueError(f"{owner} alibi_bias_max sets ALiBi's slopes and needs positions='alibi', "
                          f"got alibi_bias_max={bias_max:g} with positions={positions!r}")

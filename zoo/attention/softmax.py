@@ -135,7 +135,7 @@ class SoftmaxAttention(nn.Module):
         positions: None (default: none, positions come from outside, e.g. the model's embedding), "rope"
             (rotary; needs an even head width) or "alibi" (linear biases).
         rope_base: RoPE's frequency base, a finite number > 1 (default 10000); used with positions="rope".
-        alibi_bias_max: the exponent of ALiBi's slowest slope, 2^-alibi_bias_max, a number > 0 (default 8,
+        alibi_bias_max: the exponent of ALiBi's slowest slope, 2^-alibi_bias_max, a number in (0, 126] (default 8,
             the paper's); used with positions="alibi". See `alibi_slopes`.
     """
 
