@@ -23,6 +23,10 @@ position, in bands that double: 1, 2-3, 4-7, ...) over the whole fixed test set 
 model's positions reach, and the weight each answer (a value) puts on its key, the token before it: the
 first step of recall, where the value takes in which key it belongs to ("layer i on its key").
 
+Induction heads is split by the answer's own position: accuracy over the whole test set at the
+training length, in the same doubling bands, by the answer's position a, the tokens 0..a being what a running
+mean (elita's history) holds there ("by answer position").
+
 Writes docs/images/NAME_attention.png (each model's last layer on one test sequence, one panel per head),
 docs/images/NAME_on_answer.png (the best head's weight on the answer, per layer and model),
 docs/images/NAME_by_distance.png (MQAR: accuracy against the distance, at each model's longest test length) and
@@ -96,15 +100,20 @@ def band_start(name: str) -> int:
     return int(name.split("-")[0])
 
 
-def recall_by_distance(predicted: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> dict:
-    """{band's first distance: [correct, queries]} over the scored queries, the distance being the query's
-    position minus its answer's."""
+def recall_by_band(predicted: torch.Tensor, y: torch.Tensor, where: list[tuple[int, int, int]], of) -> dict:
+    """{band's first value: [correct, queries]} over the scored queries `where` (sequence, query position,
+    answer position), each counted in the band of of(query position, answer position)."""
     counts = {}
-    for b, q, a in answers(x, y, num_pairs):
-        hit = counts.setdefault(band(q - a)[0], [0, 0])
+    for b, q, a in where:
+        hit = counts.setdefault(band(of(q, a))[0], [0, 0])
         hit[0] += int(predicted[b, q] == y[b, q])
         hit[1] += 1
     return counts
+
+
+def recall_by_distance(predicted: torch.Tensor, x: torch.Tensor, y: torch.Tensor, num_pairs: int) -> dict:
+    """MQAR's recall_by_band, the distance being the query's position minus its answer's."""
+    return recall_by_band(predicted, y, answers(x, y, num_pairs), lambda q, a: q - a)
 
 
 def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) -> tuple[torch.Tensor, float]:
@@ -136,6 +145,8 @@ def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]
         record["on_key"] = [[round(float(v), 4) for v in layer] for layer in on_key]
         record["on_key_even"] = round(key_even, 4)  # an answer near the start sees few tokens: even is high
         record["by_distance"] = distances(model, data)
+    else:
+        record["by_answer_position"] = answer_positions(model, data)
     return record, weights[-1][0]  # the last layer's heads on the first sequence
 
 
@@ -156,6 +167,19 @@ def distances(model, data) -> dict:
                 counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
         found[str(length)] = {band(low)[1]: counts[low] for low in sorted(counts)}
     return found
+
+
+def answer_positions(model, data) -> dict:
+    """Induction heads: recall_by_band over the whole test set at the training length, by the answer's own
+    position, which is how many tokens a running mean holds where the answer sits: {band's name: [correct,
+    queries]}."""
+    counts = {}
+    for x, y in torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES):
+        with torch.no_grad():
+            predicted = model(x).argmax(-1)
+        for low, (hits, total) in recall_by_band(predicted, y, induction_answers(x, y), lambda q, a: a).items():
+            counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
+    return {band(low)[1]: counts[low] for low in sorted(counts)}
 
 
 def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> None:
@@ -201,6 +225,12 @@ def table(results: dict, task: str = "mqar") -> None:
         columns = ["model", "length"] + sorted({k for row in rows for k in row} - {"model", "length"},
                                                key=band_start)
         print_table(f"{task}: accuracy by how far back the answer lies (query position - answer position)", rows,
+                    columns)
+    rows = [{"model": m, **{k: f"{hit / total:.1%} of {total}" for k, (hit, total) in r["by_answer_position"].items()}}
+            for m, r in results["models"].items() if "by_answer_position" in r]
+    if rows:
+        columns = ["model"] + sorted({k for row in rows for k in row} - {"model"}, key=band_start)
+        print_table(f"{task}: accuracy by the answer's position (the tokens a running mean holds there)", rows,
                     columns)
 
 

@@ -851,6 +851,40 @@ def test_capability_pictures_find_each_induction_answer_and_the_weight_on_itself
     assert on_answer([weights], itself)[0].tolist() == [[0.25]]
 
 
+class InductionLookup(torch.nn.Module):
+    """Induction heads answered by lookup (the token after the current token's first occurrence), but only
+    where that answer sits before `reach`; elsewhere the current token, never the answer (the segment's tokens
+    are distinct)."""
+
+    def __init__(self, vocab_size: int, reach: int):
+        super().__init__()
+        self.vocab_size, self.reach = vocab_size, reach
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, self.vocab_size)
+        for b, row in enumerate(x.tolist()):
+            for t, token in enumerate(row):
+                first = row.index(token) + 1
+                logits[b, t, row[first] if first < t and first < self.reach else token] = 1.0
+        return logits
+
+
+def test_capability_pictures_count_induction_recall_by_the_answers_position():
+    from bench import capability_pictures
+
+    data = InductionHeads(vocab_size=64, sequence_length=32, test_samples=20)
+    data.setup("test")
+    scored = sum(int((y != IGNORE).sum()) for _, y in data.test_sets[0])
+    everywhere = capability_pictures.answer_positions(InductionLookup(64, reach=32), data)
+    assert sum(total for _, total in everywhere.values()) == scored  # every scored token of the set, once
+    assert all(hits == total for hits, total in everywhere.values())
+    # right only where the answer sits before position 8: the bands 1, 2-3 and 4-7, and none after
+    near = capability_pictures.answer_positions(InductionLookup(64, reach=8), data)
+    assert list(near) == list(everywhere) and "8-15" in near
+    for name, (hits, total) in near.items():
+        assert hits == (total if capability_pictures.band_start(name) < 8 else 0), name
+
+
 def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     from bench.hybrid_placement import mixes, model_size
 
