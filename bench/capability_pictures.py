@@ -171,8 +171,7 @@ def distances(model, data) -> dict:
 
 def answer_positions(model, data) -> dict:
     """Induction heads: recall_by_band over the whole test set at the training length, by the answer's own
-    position, which is how many tokens a running mean holds where the answer sits: {band's name: [correct,
-    queries]}."""
+    position a (a running mean there holds the a + 1 tokens 0..a): {band's name: [correct, queries]}."""
     counts = {}
     for x, y in torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES):
         with torch.no_grad():
