@@ -150,35 +150,33 @@ def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]
     return record, weights[-1][0]  # the last layer's heads on the first sequence
 
 
+def recall_over(model, test_set, batch_size: int, count) -> dict:
+    """count(predicted, x, y) ({band's first value: [correct, queries]}, one batch's) summed over a whole test
+    set: {band's name: [correct, queries]}, bands in order."""
+    counts = {}
+    for x, y in torch.utils.data.DataLoader(test_set, batch_size=batch_size):
+        with torch.no_grad():
+            predicted = model(x).argmax(-1)
+        for low, (hits, total) in count(predicted, x, y).items():
+            counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
+    return {band(low)[1]: counts[low] for low in sorted(counts)}
+
+
 def distances(model, data) -> dict:
     """recall_by_distance over each whole test set whose length the model's positions reach (learned
     positions: up to their context): {length: {band's name: [correct, queries]}}."""
     from zoo.training.sequence import position_reach
 
-    found = {}
-    for length, test_set in zip(data.test_lengths, data.test_sets):
-        if length > position_reach(model):
-            continue
-        counts = {}
-        for x, y in torch.utils.data.DataLoader(test_set, batch_size=max(1, SEQUENCES * 64 // length)):
-            with torch.no_grad():
-                predicted = model(x).argmax(-1)
-            for low, (hits, total) in recall_by_distance(predicted, x, y, data.num_pairs).items():
-                counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
-        found[str(length)] = {band(low)[1]: counts[low] for low in sorted(counts)}
-    return found
+    return {str(length): recall_over(model, test_set, max(1, SEQUENCES * 64 // length),
+                                     lambda predicted, x, y: recall_by_distance(predicted, x, y, data.num_pairs))
+            for length, test_set in zip(data.test_lengths, data.test_sets) if length <= position_reach(model)}
 
 
 def answer_positions(model, data) -> dict:
     """Induction heads: recall_by_band over the whole test set at the training length, by the answer's own
     position a (a running mean there holds the a + 1 tokens 0..a): {band's name: [correct, queries]}."""
-    counts = {}
-    for x, y in torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES):
-        with torch.no_grad():
-            predicted = model(x).argmax(-1)
-        for low, (hits, total) in recall_by_band(predicted, y, induction_answers(x, y), lambda q, a: a).items():
-            counts[low] = [a + b for a, b in zip(counts.get(low, [0, 0]), (hits, total))]
-    return {band(low)[1]: counts[low] for low in sorted(counts)}
+    return recall_over(model, data.test_sets[0], SEQUENCES,
+                       lambda predicted, x, y: recall_by_band(predicted, y, induction_answers(x, y), lambda q, a: a))
 
 
 def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> None:

@@ -824,7 +824,8 @@ def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused
         [0.5, 0.25], [2.0 ** -8, 2.0 ** -16]]
     for bad, why in [("gpt-tiny:bias_max2", "needs positions='alibi'"),
                      ("nope-gpt", "unknown model 'nope-gpt'; the suite's are gpt-tiny, "),
-                     ("gpt-tiny:alibi:bias_max2-4-8", "a list of 2 dicts (one per block)")]:
+                     ("gpt-tiny:alibi:bias_max2-4-8", "a list of 2 dicts (one per block)"),
+                     ("gpt-tiny:alibi:bias_max200", "alibi_bias_max must be at most 126, got 200")]:
         with pytest.raises(SystemExit):  # refused in one line before anything runs or is listed
             capabilities.main(["--models", bad, "--list", "--out", str(tmp_path / "c.json")])
         err = capsys.readouterr().err

@@ -105,8 +105,8 @@ def _exponent(bias_max, name: str, owner: str) -> float:
     bias_max = number(bias_max, name, owner, include_minimum=False)
     if bias_max > LARGEST_BIAS_MAX:
         raise ValueError(f"{owner} {name} must be at most {LARGEST_BIAS_MAX:g}, got {bias_max:g}: the slowest "
-                         f"slope, 2^-{name}, would be below float32's smallest normal number (2^-126) and round "
-                         f"towards 0, leaving that head without a position signal")
+                         f"slope, 2^-{name}, would be below float32's smallest normal number "
+                         f"(2^-{LARGEST_BIAS_MAX:g}) and round towards 0, leaving that head without a position signal")
     return bias_max
 
 
