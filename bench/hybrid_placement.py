@@ -14,8 +14,9 @@ its tasks (--task: MQAR with 4 pairs at length 64 by default), then reports accu
 set at the training length. --conv W gives every block a short causal convolution of width W (TextTransformer's
 short_conv); the models then have no position embedding, the pure softmax one included (the convolutions carry
 order). A linear name may carry ELiTA's options: "elita:nosines" (pos_dim 0) or "elita:fading" (ALiBi's fading
-history instead of the sines). Each finished run is written to bench/results/hybrid_placement.json at once;
-finished runs are skipped when the script starts again.
+history instead of the sines). A run's name says what it trained: the task (none for MQAR), the depth, the blocks,
+the convolution and the steps, e.g. induction_heads/d2/elita+softmax@1+conv4/2000steps. Each finished run is
+written to bench/results/hybrid_placement.json at once; finished runs are skipped when the script starts again.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ OUT = RESULTS / "hybrid_placement.json"
 VARIANTS = {"elita:nosines": {"pos_dim": 0}, "elita:fading": FADING["elita"]}
 
 
-def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: int = 0) -> dict[str, list[str]]:
-    """Run name -> the blocks' attentions (names as given, variants included). MQAR without convolutions keeps
-    the names it always had (d4/micro+softmax@3); other runs add the task before and the convolution after."""
+def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: int = 0,
+          steps: int = 3000) -> dict[str, list[str]]:
+    """Run name -> the blocks' attentions (names as given, variants included): d4/micro+softmax@3/3000steps on
+    MQAR without convolutions; other tasks add themselves before, a convolution after the blocks. The steps are
+    in the name so that a longer run is a run of its own, never skipped as the shorter one already recorded."""
     prefix = "" if task == "mqar" else f"{task}/"
-    suffix = f"+conv{conv}" if conv else ""
+    suffix = (f"+conv{conv}" if conv else "") + f"/{steps}steps"
     runs = {f"{prefix}d{depth}/{name}{suffix}": [name] * depth for name in ("softmax", *linears)} if pure else {}
     for linear in linears:
         for index in range(depth):
@@ -88,7 +91,7 @@ def run_one(blocks: list[str], steps: int, seed: int = 0, task: str = "mqar", co
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true")
-    parser.add_argument("--only", default=None, help="one run's name, e.g. d4/micro+softmax@2")
+    parser.add_argument("--only", default=None, help="one run's name, e.g. d4/micro+softmax@2/3000steps")
     parser.add_argument("--linear", nargs="+", default=["micro"],
                         help=f"the linear-time mechanisms to mix: micro, elita or {', '.join(VARIANTS)} (micro)")
     parser.add_argument("--depth", type=int, default=4, help="blocks (default 4, the registered hybrids')")
@@ -106,7 +109,7 @@ def main(argv=None):
     for flag, value in (("--depth", args.depth), ("--steps", args.steps)):
         if value < 1:
             parser.error(f"{flag} takes an int >= 1, got {value}")
-    runs = mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv)
+    runs = mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv, args.steps)
     if args.only and args.only not in runs:
         parser.error(f"--only {args.only!r} names no run of these arguments; they are: {', '.join(runs)}")
     if not args.table:

@@ -887,14 +887,18 @@ def test_capability_pictures_count_induction_recall_by_the_answers_position():
 
 
 def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
-    from bench.hybrid_placement import mixes, model_size
+    from bench.hybrid_placement import OUT, mixes, model_size
 
-    # MQAR without convolutions keeps the names of the runs already recorded
-    assert mixes(["micro"], 2, pure=False) == {"d2/micro+softmax@0": ["softmax", "micro"],
-                                               "d2/micro+softmax@1": ["micro", "softmax"]}
-    runs = mixes(["elita:fading"], 2, pure=True, task="induction_heads", conv=4)
-    assert runs["induction_heads/d2/softmax+conv4"] == ["softmax", "softmax"]
-    assert runs["induction_heads/d2/elita:fading+softmax@1+conv4"] == ["elita:fading", "softmax"]
+    assert mixes(["micro"], 2, pure=False, steps=2000) == {"d2/micro+softmax@0/2000steps": ["softmax", "micro"],
+                                                           "d2/micro+softmax@1/2000steps": ["micro", "softmax"]}
+    runs = mixes(["elita:fading"], 2, pure=True, task="induction_heads", conv=4, steps=2000)
+    assert runs["induction_heads/d2/softmax+conv4/2000steps"] == ["softmax", "softmax"]
+    assert runs["induction_heads/d2/elita:fading+softmax@1+conv4/2000steps"] == ["elita:fading", "softmax"]
+    # a longer run of the same blocks is a run of its own, not one the script would skip as already recorded
+    assert "induction_heads/d2/elita:fading+softmax@1+conv4/8000steps" in mixes(
+        ["elita:fading"], 2, pure=False, task="induction_heads", conv=4, steps=8000)
+    recorded = json.loads(OUT.read_text())["runs"]
+    assert all(name.endswith(f"/{record['steps']}steps") for name, record in recorded.items())
     size = model_size(["elita:fading", "softmax"], conv=4)
     assert size["attention"] == ["elita", "softmax"] and size["short_conv"] == 4 and size["pos_embed"] == "none"
     assert size["attention_options"] == [{"positions": "alibi", "pos_dim": 0}, {}]
@@ -907,7 +911,8 @@ def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     (["--conv", "1"], "--conv takes 0 (none) or a width from 2 to 64, got 1"),
     (["--depth", "0"], "--depth takes an int >= 1, got 0"),
     (["--linear", "softmax"], "--linear takes micro, elita or elita:nosines, elita:fading, got 'softmax'"),
-    (["--depth", "2", "--only", "d2/micro+softmax@2"], "--only 'd2/micro+softmax@2' names no run"),
+    (["--depth", "2", "--only", "d2/micro+softmax@2/3000steps"], "--only 'd2/micro+softmax@2/3000steps' names no run"),
+    (["--depth", "2", "--steps", "2000", "--only", "d2/micro+softmax@1/3000steps"], "names no run"),
 ])
 def test_hybrid_placement_refuses_bad_arguments_in_one_line_before_training(argv, message, capsys):
     from bench.hybrid_placement import main
