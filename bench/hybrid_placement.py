@@ -34,12 +34,13 @@ from bench.common import RESULTS, print_table  # noqa: E402
 from zoo.models.short_conv import MAX_WIDTH  # noqa: E402
 
 OUT = RESULTS / "hybrid_placement.json"
+STEPS = 3000  # optimizer steps per run unless --steps says otherwise
 # ELiTA's variants by name: its options for the linear blocks (attention_options)
 VARIANTS = {"elita:nosines": {"pos_dim": 0}, "elita:fading": FADING["elita"]}
 
 
 def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: int = 0,
-          steps: int = 3000) -> dict[str, list[str]]:
+          steps: int = STEPS) -> dict[str, list[str]]:
     """Run name -> the blocks' attentions (names as given, variants included): d4/micro+softmax@3/3000steps on
     MQAR without convolutions; other tasks add themselves before, a convolution after the blocks. The steps are
     in the name so that a longer run is a run of its own, never skipped as the shorter one already recorded."""
@@ -95,7 +96,7 @@ def main(argv=None):
     parser.add_argument("--linear", nargs="+", default=["micro"],
                         help=f"the linear-time mechanisms to mix: micro, elita or {', '.join(VARIANTS)} (micro)")
     parser.add_argument("--depth", type=int, default=4, help="blocks (default 4, the registered hybrids')")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps per run (default 3000)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps per run (default {STEPS})")
     parser.add_argument("--task", default="mqar", choices=["mqar", "induction_heads", "selective_copying"],
                         help="the capability task to train and test on (default mqar)")
     parser.add_argument("--conv", type=int, default=0, help="a short convolution this wide in every block (0: none)")
