@@ -48,7 +48,7 @@ def mixes(linears: list[str], depth: int, pure: bool, task: str = "mqar", conv: 
     suffix = (f"+conv{conv}" if conv else "") + f"/{steps}steps"
     runs = {f"{prefix}d{depth}/{name}{suffix}": [name] * depth for name in ("softmax", *linears)} if pure else {}
     for linear in linears:
-        for index in range(depth):
+        for index in range(depth if depth > 1 else 0):  # one block has no place to choose: it is the pure softmax
             runs[f"{prefix}d{depth}/{linear}+softmax@{index}{suffix}"] = [
                 linear if i != index else "softmax" for i in range(depth)]
     return runs
@@ -111,6 +111,9 @@ def main(argv=None):
         if value < 1:
             parser.error(f"{flag} takes an int >= 1, got {value}")
     runs = mixes(args.linear, args.depth, not args.no_pure, args.task, args.conv, args.steps)
+    if not runs:
+        parser.error("--depth 1 --no-pure leaves nothing to run: one block has no place for the softmax block, "
+                     "and the pure models are skipped; drop --no-pure")
     if args.only and args.only not in runs:
         parser.error(f"--only {args.only!r} names no run of these arguments; they are: {', '.join(runs)}")
     if not args.table:

@@ -897,6 +897,9 @@ def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     # a longer run of the same blocks is a run of its own, not one the script would skip as already recorded
     assert "induction_heads/d2/elita:fading+softmax@1+conv4/8000steps" in mixes(
         ["elita:fading"], 2, pure=False, task="induction_heads", conv=4, steps=8000)
+    # one block has no placement to try: the pure models only, the softmax one not trained twice under two names
+    assert mixes(["micro"], 1, pure=True, steps=2000) == {"d1/softmax/2000steps": ["softmax"],
+                                                          "d1/micro/2000steps": ["micro"]}
     recorded = json.loads(OUT.read_text())["runs"]
     assert all(name.endswith(f"/{record['steps']}steps") for name, record in recorded.items())
     size = model_size(["elita:fading", "softmax"], conv=4)
@@ -913,6 +916,7 @@ def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     (["--linear", "softmax"], "--linear takes micro, elita or elita:nosines, elita:fading, got 'softmax'"),
     (["--depth", "2", "--only", "d2/micro+softmax@2/3000steps"], "--only 'd2/micro+softmax@2/3000steps' names no run"),
     (["--depth", "2", "--steps", "2000", "--only", "d2/micro+softmax@1/3000steps"], "names no run"),
+    (["--depth", "1", "--no-pure"], "--depth 1 --no-pure leaves nothing to run"),
 ])
 def test_hybrid_placement_refuses_bad_arguments_in_one_line_before_training(argv, message, capsys):
     from bench.hybrid_placement import main
