@@ -245,6 +245,7 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
         save_pretrained(module.model, keep, extra={"metrics": metrics})
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
             "data": data.describe(), "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
+            "cpu_flags": common.cpu_flags(),  # a rerun repeats a record to the digit on the same kernels only
             "metrics": metrics, "validation": validation,
             "loss_by_position": module.position_loss.get("test"), "not_tested": not_tested}
 

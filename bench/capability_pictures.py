@@ -6,15 +6,18 @@
     python bench/capability_pictures.py --table    # the table from bench/results/capability_pictures.json
     python bench/capability_pictures.py --models gpt-tiny:alibi gpt-tiny:rope --name mqar_positions  # other models,
                                                    # into files of their own
+    python bench/capability_pictures.py --task induction_heads --lr 1e-3 --name induction_1e3  # every model at one
+                                                   # rate, not each cell's own
 
-Each model is trained on the task exactly as bench/capabilities.py trains it (its key TASK/MODEL/0: the same
-data, budget and seed) and kept as a release folder under bench/runs/capabilities/. Test sequences then go
-through zoo.viz.capture. MQAR: a query at position q repeats the key of pair p; the answer, p's value, sits at
-position 2p + 1. Induction heads: the token at q appeared once before, at p, and the answer is the token
-that followed it, at p + 1. "On the answer" is the weight a query's row puts on that position (mean over
-queries, per layer and head); spreading a row evenly over what it sees would put 1 / (q + 1) there ("even").
-"On itself" is the weight on the query's own token: for elita the gate g_i on V x_i, the rest of its output
-being its running mean of earlier tokens.
+Each model is trained on the task exactly as bench/capabilities.py trains it (its key TASK/MODEL/0: the same data,
+budget, seed and learning rate: the one its cell's sweep chose in bench/results/capabilities.json, else the
+budget's) unless --lr gives a rate, and kept as a release folder under bench/runs/capabilities/, one per rate.
+Test sequences then go through zoo.viz.capture. MQAR: a query at position q repeats the key of pair p; the answer,
+p's value, sits at position 2p + 1. Induction heads: the token at q appeared once before, at p, and the answer is
+the token that followed it, at p + 1. "On the answer" is the weight a query's row puts on that position (mean over
+queries, per layer and head); spreading a row evenly over what it sees would put 1 / (q + 1) there ("even"). "On
+itself" is the weight on the query's own token: for elita the gate g_i on V x_i, the rest of its output being its
+running mean of earlier tokens.
 For micro the row is the weight of each token in the mean that the query subtracts; for elita, the convex
 mix of the token itself and its running mean (zoo.viz.capture says what each mechanism gives).
 
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -179,19 +183,28 @@ def answer_positions(model, data) -> dict:
                        lambda predicted, x, y: recall_by_band(predicted, y, induction_answers(x, y), lambda q, a: a))
 
 
+def training_rate(task: str, model: str, lr: float | None) -> float:
+    """The rate a picture's model trains at: lr if given, else the one the suite's runs of the cell use."""
+    if lr is not None:
+        return lr
+    return capabilities.wanted_lr(capabilities.load(capabilities.OUT), task, model, capabilities.BUDGET["lr"])
+
+
 def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> None:
     from zoo.viz import figures
 
     IMAGES.mkdir(parents=True, exist_ok=True)
     maps = torch.cat([last[m] for m in records])
-    labels = [f"{m}\nhead {h} ({records[m]['accuracy']:.0%})" for m in records for h in range(len(last[m]))]
+    labels = [f"{m}\nhead {h}, lr {records[m]['lr']:g} ({records[m]['accuracy']:.0%})"
+              for m in records for h in range(len(last[m]))]
     figure = figures.heatmaps_figure(maps, labels, title=TITLES[task])
     figure.savefig(IMAGES / f"{name}_attention.png", dpi=110, bbox_inches="tight")
     layers = max(len(r["on_answer"]) for r in records.values())
     series = {f"layer {i}": [max(r["on_answer"][i]) if i < len(r["on_answer"]) else 0 for r in records.values()]
               for i in range(layers)}
     series["even spread"] = [r["even"] for r in records.values()]
-    figure = figures.bars_figure(list(records), series, "weight on the answer (best head)",
+    figure = figures.bars_figure([f"{m}\nlr {r['lr']:g}" for m, r in records.items()], series,
+                                 "weight on the answer (best head)",
                                  f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
                                  "lands on the token it must recall")
     figure.savefig(IMAGES / f"{name}_on_answer.png", dpi=110, bbox_inches="tight")
@@ -199,8 +212,8 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
         series = {}
         for model, r in records.items():
             length, bands = max(r["by_distance"].items(), key=lambda item: int(item[0]))
-            series[f"{model} (length {length})"] = ([band_start(k) for k in bands],
-                                                   [100 * hit / total for hit, total in bands.values()])
+            series[f"{model} (lr {r['lr']:g}, length {length})"] = (
+                [band_start(k) for k in bands], [100 * hit / total for hit, total in bands.values()])
         figure = figures.lines_figure(series, "answer this many tokens back (first of a band: 1, 2-3, 4-7, ...)",
                                       "accuracy %", "MQAR: recall against how far back the answer lies", log=False)
         figure.axes[0].set_xscale("log", base=2)
@@ -209,7 +222,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
 
 
 def table(results: dict, task: str = "mqar") -> None:
-    rows = [{"model": m, "accuracy": r["accuracy"], "even": r["even"],
+    rows = [{"model": m, "lr": r.get("lr", "-"), "accuracy": r["accuracy"], "even": r["even"],
              **{f"layer {i} best head": max(v) for i, v in enumerate(r["on_answer"])},
              **{f"layer {i} on itself": round(sum(v) / len(v), 4) for i, v in enumerate(r.get("on_itself", []))},
              **{f"layer {i} on its key": max(v) for i, v in enumerate(r.get("on_key", []))},
@@ -239,15 +252,19 @@ def main(argv=None):
                                                                    "task's pair of successes and failures)")
     parser.add_argument("--name", default=None, help="the stem of the JSON and pictures written (default: the "
                                                      "task); give one with --models, so as not to replace the task's")
+    parser.add_argument("--lr", type=float, default=None, help="train every model at this rate (default: each at "
+                                                                 "the rate the suite's runs of its cell use)")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        parser.error(f"--lr must be a positive number, got {args.lr}")
     task, name = args.task, args.name or args.task
     if not re.fullmatch(r"[A-Za-z0-9_]+", name):
         raise SystemExit(f"bench/capability_pictures.py: error: --name must be letters, digits and '_' (it names "
                          f"files), got {name!r}")
-    if args.models and args.name is None:
-        raise SystemExit("bench/capability_pictures.py: error: --models needs --name, so that the task's own "
-                         f"results ({output(task).name}) and pictures are not replaced")
+    if (args.models or args.lr is not None) and args.name is None:
+        raise SystemExit(f"bench/capability_pictures.py: error: {'--models' if args.models else '--lr'} needs --name, "
+                         f"so that the task's own results ({output(task).name}) and pictures are not replaced")
     args.models = args.models or list(MODELS[task])
     for model in args.models:  # the suite's models and their variants (bench/capabilities.py's MODELS)
         if why := capabilities.unbuildable(model):
@@ -256,17 +273,21 @@ def main(argv=None):
         torch.set_num_threads(1)
         records, last = {}, {}
         for model in args.models:
-            folder = KEPT / f"{task}-{model.replace(':', '-')}-0"  # (no colon in a folder name)
+            lr = training_rate(task, model, args.lr)
+            folder = KEPT / f"{task}-{model.replace(':', '-')}-0-lr{lr:g}"  # (no colon in a folder name)
             if not (folder / "config.json").is_file():
-                print(f"training {task}/{model}/0 ...", flush=True)
-                capabilities.run_one(task, model, 0, tiny=False, keep=folder)
+                print(f"training {task}/{model}/0 at lr {lr:g} ...", flush=True)
+                capabilities.run_one(task, model, 0, tiny=False, keep=folder, lr=lr)
             data = capabilities.build_data(task, capabilities.TASKS[task], 64, 0, tiny=False,
                                            full_lengths=task == "mqar")  # MQAR: recall by distance at every length
             data.setup("test")
             records[model], last[model] = measure(folder, data, task)
+            records[model] = {"lr": lr, **records[model]}
         draw(records, last, task, name)
         command = " ".join(["python bench/capability_pictures.py"] + ([] if task == "mqar" else ["--task", task])
-                           + (["--models", *args.models, "--name", name] if args.name else []))
+                           + (["--models", *args.models] if args.models != list(MODELS[task]) else [])
+                           + (["--lr", f"{args.lr:g}"] if args.lr is not None else [])
+                           + (["--name", name] if args.name else []))
         write_text_atomic(output(name), json.dumps({"models": records, "command": command, "machine": machine()},
                                                    indent=2))
     table(json.loads(output(name).read_text()), task)

@@ -444,6 +444,8 @@ def test_bench_tiny_is_resumable(tmp_path):
     for extends in (micro, first["runs"]["mqar/gpt-tiny:sincos/0"]):
         assert set(extends["metrics"]) >= {"test/accuracy@32", "test/accuracy@64"} and extends["not_tested"] is None
     assert "test/accuracy@64" not in gpt["metrics"] and "learned positions for 32 tokens" in gpt["not_tested"]
+    from zoo.training.precision import FLAGS  # each record names the kernels it ran on: reruns repeat on the same
+    assert micro["threads"] == 1 and isinstance(micro["cpu_flags"], list) and set(micro["cpu_flags"]) <= set(FLAGS)
     capabilities.main(args)  # everything done: nothing runs again, the records stay as they were
     assert json.loads(out.read_text())["runs"] == first["runs"]
 
@@ -807,6 +809,47 @@ def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_fi
     with pytest.raises(SystemExit, match=r"--models gpt-tiny:nope: .*pos_embed must be one of .*got 'nope'"):
         main(["--models", "gpt-tiny:nope", "--name", "x"])
 
+
+
+def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_one(tmp_path, monkeypatch, capsys):
+    """A picture's model trains as the table's seed 0 did: at its cell's swept rate (else the budget's), and a model
+    kept from training at another rate is not taken for it."""
+    from bench import capabilities, capability_pictures
+
+    suite = tmp_path / "capabilities.json"
+    suite.write_text(json.dumps({"runs": {}, "sweep": {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr): {
+        "lr": lr, "validation": {"val/accuracy": 0.9 if lr == 1e-2 else 0.3, "val/loss": 1.0}}
+        for lr in capabilities.SWEEP_LRS}}))
+    monkeypatch.setattr(capabilities, "OUT", suite)
+    monkeypatch.setattr(capability_pictures, "KEPT", tmp_path / "kept")
+    (tmp_path / "kept" / "mqar-micro-gpt-tiny-0-lr0.001").mkdir(parents=True)  # kept from a run at 1e-3
+    (tmp_path / "kept" / "mqar-micro-gpt-tiny-0-lr0.001" / "config.json").write_text("{}")
+
+    class Trained(Exception):
+        pass
+
+    trained = []
+
+    def run_one(task, model, seed, tiny, keep=None, lr=None, steps=None):
+        trained.append((task, model, seed, tiny, keep.name, lr, steps))
+        raise Trained  # what matters is how it would train
+
+    monkeypatch.setattr(capabilities, "run_one", run_one)
+    for argv in (["--models", "micro-gpt-tiny"], ["--models", "gpt-tiny"], ["--models", "micro-gpt-tiny", "--lr",
+                                                                           "3e-4"]):
+        with pytest.raises(Trained):
+            capability_pictures.main([*argv, "--name", "x"])
+    assert trained == [("mqar", "micro-gpt-tiny", 0, False, "mqar-micro-gpt-tiny-0-lr0.01", 1e-2, None),  # swept
+                       ("mqar", "gpt-tiny", 0, False, "mqar-gpt-tiny-0-lr0.001", 1e-3, None),  # not swept: budget's
+                       ("mqar", "micro-gpt-tiny", 0, False, "mqar-micro-gpt-tiny-0-lr0.0003", 3e-4, None)]
+    for argv, message in [(["--lr", "0", "--name", "x"], "--lr must be a positive number, got 0.0"),
+                          (["--lr", "nan", "--name", "x"], "--lr must be a positive number, got nan"),
+                          (["--lr=-1e-3", "--name", "x"], "--lr must be a positive number, got -0.001"),
+                          (["--lr", "1e-3"], "--lr needs --name")]:
+        with pytest.raises(SystemExit) as refused:
+            capability_pictures.main(argv)
+        assert message in f"{refused.value}{capsys.readouterr().err}"  # parser errors go to stderr
+    assert len(trained) == 3
 
 def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused_without_alibi(tmp_path, capsys):
     from bench import capabilities
