@@ -251,7 +251,8 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=None, help="bench/capabilities.py's names (default: the "
                                                                    "task's pair of successes and failures)")
     parser.add_argument("--name", default=None, help="the stem of the JSON and pictures written (default: the "
-                                                     "task); give one with --models, so as not to replace the task's")
+                                                     "task); give one with --models or --lr, so as not to replace the "
+                                                     "task's")
     parser.add_argument("--lr", type=float, default=None, help="train every model at this rate (default: each at "
                                                                  "the rate the suite's runs of its cell use)")
     parser.add_argument("--table", action="store_true")
