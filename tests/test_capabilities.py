@@ -426,6 +426,7 @@ def test_pixel_mnist(permute):
 
 def test_bench_tiny_is_resumable(tmp_path):
     from bench import capabilities
+    from zoo.training.precision import FLAGS
 
     out = tmp_path / "capabilities.json"
     args = ["--tiny", "--only", "mqar/*/0", "--models", "micro-gpt-tiny", "gpt-tiny", "gpt-tiny:sincos",
@@ -444,7 +445,7 @@ def test_bench_tiny_is_resumable(tmp_path):
     for extends in (micro, first["runs"]["mqar/gpt-tiny:sincos/0"]):
         assert set(extends["metrics"]) >= {"test/accuracy@32", "test/accuracy@64"} and extends["not_tested"] is None
     assert "test/accuracy@64" not in gpt["metrics"] and "learned positions for 32 tokens" in gpt["not_tested"]
-    from zoo.training.precision import FLAGS  # each record names the kernels it ran on: reruns repeat on the same
+    # each record names the threads and CPU flags it ran with: a rerun repeats it to the digit only on the same
     assert micro["threads"] == 1 and isinstance(micro["cpu_flags"], list) and set(micro["cpu_flags"]) <= set(FLAGS)
     capabilities.main(args)  # everything done: nothing runs again, the records stay as they were
     assert json.loads(out.read_text())["runs"] == first["runs"]
@@ -810,7 +811,6 @@ def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_fi
         main(["--models", "gpt-tiny:nope", "--name", "x"])
 
 
-
 def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_one(tmp_path, monkeypatch, capsys):
     """A picture's model trains as the table's seed 0 did: at its cell's swept rate (else the budget's), and a model
     kept from training at another rate is not taken for it."""
@@ -850,6 +850,7 @@ def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_
             capability_pictures.main(argv)
         assert message in f"{refused.value}{capsys.readouterr().err}"  # parser errors go to stderr
     assert len(trained) == 3
+
 
 def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused_without_alibi(tmp_path, capsys):
     from bench import capabilities
