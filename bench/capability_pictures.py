@@ -6,8 +6,8 @@
     python bench/capability_pictures.py --table    # the table from bench/results/capability_pictures.json
     python bench/capability_pictures.py --models gpt-tiny:alibi gpt-tiny:rope --name mqar_positions  # other models,
                                                    # into files of their own
-    python bench/capability_pictures.py --task induction_heads --lr 1e-3 --name induction_1e3  # every model at one
-                                                   # rate, not each cell's own
+    python bench/capability_pictures.py --task induction_heads --models hybrid-elita-gpt-tiny:conv
+        hybrid-micro-gpt-tiny:conv --lr 1e-3 --name induction_hybrids  # every model at one rate, not its cell's
 
 Each model is trained on the task exactly as bench/capabilities.py trains it (its key TASK/MODEL/0: the same data,
 budget, seed and learning rate: the one its cell's sweep chose in bench/results/capabilities.json, else the

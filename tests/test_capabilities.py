@@ -844,6 +844,7 @@ def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_
                        ("mqar", "micro-gpt-tiny", 0, False, "mqar-micro-gpt-tiny-0-lr0.0003", 3e-4, None)]
     for argv, message in [(["--lr", "0", "--name", "x"], "--lr must be a positive number, got 0.0"),
                           (["--lr", "nan", "--name", "x"], "--lr must be a positive number, got nan"),
+                          (["--lr", "inf", "--name", "x"], "--lr must be a positive number, got inf"),
                           (["--lr=-1e-3", "--name", "x"], "--lr must be a positive number, got -0.001"),
                           (["--lr", "1e-3"], "--lr needs --name")]:
         with pytest.raises(SystemExit) as refused:
