@@ -235,6 +235,29 @@ def test_same_seed_same_sequences_and_one_test_set_for_every_seed():
     assert [loader.dataset.tensors[0].shape[1] for loader in a.test_dataloader()] == [32, 64]
 
 
+@pytest.mark.parametrize("make", [
+    lambda: MQAR(vocab_size=64, sequence_length=32, num_pairs=4, test_lengths=[64, 256]),
+    lambda: SelectiveCopying(sequence_length=32, num_tokens=4, test_lengths=[64]),
+    lambda: InductionHeads(vocab_size=64, sequence_length=32, test_lengths=[64]),
+    lambda: ListOps(max_depth=6, max_args=5, min_length=60, max_length=120)])
+def test_validation_and_test_share_no_sequence(make):
+    """Validation chooses (the sweep's learning rates): were it part of test, test would no longer be held out.
+    torch's CPU generator keeps only a seed's low 32 bits, which once made validation the first test sequences."""
+    assert torch.equal(torch.randint(9, (4,), generator=torch.Generator().manual_seed(2**62)),
+                       torch.randint(9, (4,), generator=torch.Generator().manual_seed(0)))  # why it happened
+    data = make()
+    data.val_samples, data.test_samples = 300, 300
+    data.setup()
+    rows = lambda dataset: {tuple(x.tolist()) for x in dataset.tensors[0]}  # noqa: E731
+    val = rows(data.val_set)
+    assert len(val) >= 290  # distinct sequences, not one repeated (ListOps' short trees can repeat a few)
+    for test_set in data.test_sets:
+        assert not val & rows(test_set)
+    # test keeps the seeds it had in effect: its first sequence is the one drawn from seed 2**62 + length * 2**24
+    x, y = data.example(data.sequence_length, 2**62 + data.sequence_length * 2**24)
+    assert torch.equal(data.test_sets[0].tensors[0][0], x) and torch.equal(data.test_sets[0].tensors[1][0], y)
+
+
 def test_pinned_sequences():
     # the same on every machine: torch's and Python's generators, fixed for a seed
     mqar = MQAR(vocab_size=16, sequence_length=12, num_pairs=2, **SMALL).example(12, 0)
@@ -491,13 +514,31 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
     assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") == 3e-3  # a diverged run loses the tie
     del sweep[capabilities.sweep_key("mqar", "m", 3e-4)]
     assert capabilities.chosen_lr({"sweep": sweep}, "mqar", "m") is None  # a sweep not finished chooses nothing
+    # best at the grid's top: the sweep climbs through SWEEP_CLIMB while its largest rate stays its best
+    assert capabilities.SWEEP_CLIMB == (3e-2, 1e-1)
+    climbing = {capabilities.sweep_key("mqar", "m", lr): {"lr": lr,
+                                                          "validation": {"val/accuracy": acc, "val/loss": 1.0}}
+                for lr, acc in [(3e-4, 0.2), (1e-3, 0.3), (3e-3, 0.4), (1e-2, 0.5)]}
+    assert capabilities.chosen_lr({"sweep": climbing}, "mqar", "m") is None
+    assert capabilities.sweep_rates({"sweep": climbing}, "mqar", "m") == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    climbing[capabilities.sweep_key("mqar", "m", 3e-2)] = {"lr": 3e-2, "validation": {"val/accuracy": 0.45,
+                                                                                      "val/loss": 1.0}}
+    assert capabilities.chosen_lr({"sweep": climbing}, "mqar", "m") == 1e-2  # the top fell off: 1e-2 was the best
+    climbing[capabilities.sweep_key("mqar", "m", 3e-2)]["validation"]["val/accuracy"] = 0.6
+    assert capabilities.chosen_lr({"sweep": climbing}, "mqar", "m") is None  # 3e-2 is the new top: on to 1e-1
+    climbing[capabilities.sweep_key("mqar", "m", 1e-1)] = {"lr": 1e-1, "validation": {"val/accuracy": 0.7,
+                                                                                      "val/loss": 1.0}}
+    assert capabilities.chosen_lr({"sweep": climbing}, "mqar", "m") == 1e-1  # the climb ends at its last rate
+    assert capabilities.sweep_scores({"sweep": climbing}, "mqar", "m") == {
+        "0.0003": 0.2, "0.001": 0.3, "0.003": 0.4, "0.01": 0.5, "0.03": 0.6, "0.1": 0.7}
     # end to end on the tiny task: three seed-0 runs, the best on validation becomes seed 0's run
     out = tmp_path / "capabilities.json"
     base = ["--tiny", "--only", "mqar/*", "--models", "micro-gpt-tiny", "--out", str(out)]
     capabilities.main([*base, "--sweep"])
     results = json.loads(out.read_text())
     points = {r["lr"]: r["validation"]["val/accuracy"] for r in results["sweep"].values()}
-    assert sorted(points) == sorted(capabilities.SWEEP_LRS)
+    assert sorted(points) == capabilities.sweep_rates(results, "mqar", "micro-gpt-tiny")
+    assert set(capabilities.SWEEP_LRS) <= set(points)
     best = max(points, key=lambda lr: (points[lr], -results["sweep"][capabilities.sweep_key(
         "mqar", "micro-gpt-tiny", lr)]["validation"]["val/loss"], -lr))
     seed0 = results["runs"]["mqar/micro-gpt-tiny/0"]
@@ -515,6 +556,28 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
     assert "mqar/micro-gpt-tiny/0: done" in capsys.readouterr().out
     capabilities.main([*base, "--sweep", "--list"])  # the sweep itself has a point left to run
     assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
+    monkeypatch.undo()
+    # a point measured on the validation set of before (the first test sequences) is stale: kept aside and run
+    # again, and every point says which validation set it was measured on
+    assert all(r["validation_seed"] == capabilities.VAL_SEED for r in results["sweep"].values())
+    stale = json.loads(out.read_text())
+    del stale["sweep"][capabilities.sweep_key("mqar", "micro-gpt-tiny", 1e-3)]["validation_seed"]
+    out.write_text(json.dumps(stale))
+    capabilities.main([*base, "--sweep", "--list"])
+    assert "mqar/micro-gpt-tiny/0: to sweep again (its points chose on validation sequences" in capsys.readouterr().out
+    capabilities.main([*base, "--sweep"])
+    again = json.loads(out.read_text())
+    assert again["sweep_stale"] == {capabilities.sweep_key("mqar", "micro-gpt-tiny", 1e-3): stale["sweep"][
+        capabilities.sweep_key("mqar", "micro-gpt-tiny", 1e-3)]}
+    assert sorted(r["lr"] for r in again["sweep"].values()) == capabilities.sweep_rates(again, "mqar", "micro-gpt-tiny")
+    assert all(r["validation_seed"] == capabilities.VAL_SEED for r in again["sweep"].values())
+    # a sweep whose largest rate becomes its best (here by hand) has a climb left: to sweep again
+    top = capabilities.sweep_rates(results, "mqar", "micro-gpt-tiny")[-1]
+    if top != capabilities.SWEEP_CLIMB[-1]:
+        results["sweep"][capabilities.sweep_key("mqar", "micro-gpt-tiny", top)]["validation"]["val/accuracy"] = 2.0
+        out.write_text(json.dumps(results))
+        capabilities.main([*base, "--sweep", "--list"])
+        assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
     for argv, message in [(["--sweep", "--seeds", "1"], "--sweep runs seed 0 only"),
                           (["--sweep", "--only", "stdlib/*"], "which stdlib do not have"),
                           (["--threads", "0"], "--threads takes a count from 1 to"),
@@ -819,7 +882,7 @@ def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_
     suite = tmp_path / "capabilities.json"
     suite.write_text(json.dumps({"runs": {}, "sweep": {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr): {
         "lr": lr, "validation": {"val/accuracy": 0.9 if lr == 1e-2 else 0.3, "val/loss": 1.0}}
-        for lr in capabilities.SWEEP_LRS}}))
+        for lr in (*capabilities.SWEEP_LRS, capabilities.SWEEP_CLIMB[0])}}))
     monkeypatch.setattr(capabilities, "OUT", suite)
     monkeypatch.setattr(capability_pictures, "KEPT", tmp_path / "kept")
     (tmp_path / "kept" / "mqar-micro-gpt-tiny-0-lr0.001").mkdir(parents=True)  # kept from a run at 1e-3
@@ -1084,3 +1147,42 @@ def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
         long_context.main(["--releases", str(tmp_path / "learned"), "--text", str(tmp_path / "t.txt"),
                            "--reach", "16", "64", "--out", str(out)])
     assert not out.exists()
+
+
+def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypatch, capsys):
+    """bench/capability_timeline.py: a snapshot every `every` steps, before training and at the last step; each
+    snapshot's accuracy is the model's on the validation batch (the untrained one: a fresh model of the same seed,
+    scored the plain way), its weights per layer and head are fractions, and the model trains on as it was."""
+    from bench import capabilities, capability_pictures, capability_timeline
+
+    record = capability_timeline.run("induction_heads", "elita-gpt-tiny", 1e-2, steps=5, every=2, tiny=True)
+    assert list(record["points"]) == ["0", "2", "4", "5"] and record["lr"] == 1e-2 and record["steps"] == 5
+    assert record["attention"] == ["elita"]  # the tiny model's one block
+    data, module, *_ = capabilities.prepare("induction_heads", "elita-gpt-tiny", 0, True, 1e-2, 5)
+    data.setup("fit")
+    x, y = next(iter(torch.utils.data.DataLoader(data.val_set, batch_size=capability_pictures.SEQUENCES)))
+    with torch.no_grad():
+        predicted = module.model.eval()(x).argmax(-1)
+    scored = y != -100
+    assert record["points"]["0"]["accuracy"] == round(float((predicted[scored] == y[scored]).float().mean()), 4)
+    assert record["queries"] == int(scored.sum())
+    for point in record["points"].values():
+        for measure in ("on_answer", "on_itself"):
+            assert len(point[measure]) == 1 and len(point[measure][0]) == 2  # one layer, two heads
+            assert all(0 <= v <= 1 for layer in point[measure] for v in layer)
+    assert record["points"]["5"] != record["points"]["0"]  # it trained between them
+    monkeypatch.setattr(capability_timeline, "OUT", tmp_path / "timeline.json")
+    monkeypatch.setattr(capability_timeline, "IMAGE", tmp_path / "timeline.png")
+    capabilities.add_record(capability_timeline.OUT, "induction_heads/elita-gpt-tiny@0.01x5", record)
+    capability_timeline.main(["--table", "--model", "elita-gpt-tiny"])
+    assert "induction_heads/elita-gpt-tiny@0.01x5" in capsys.readouterr().out
+    assert (tmp_path / "timeline.png").stat().st_size > 1000
+    for argv, message in [(["--lr", "0"], "--lr must be positive numbers, got 0.0"),
+                          (["--lr", "nan"], "--lr must be positive numbers, got nan"),
+                          (["--steps", "0"], "count optimizer steps from 1, got 0 and 100"),
+                          (["--every", "0"], "got 2000 and 0"),
+                          (["--model", "gpt-huge"], "invalid choice: 'gpt-huge'"),
+                          (["--table", "--model", "gpt-tiny"], "no run of gpt-tiny on induction_heads")]:
+        with pytest.raises(SystemExit):
+            capability_timeline.main(argv)
+        assert message in capsys.readouterr().err

@@ -210,6 +210,17 @@ def test_drawing_leaves_the_callers_matplotlib_alone():
     assert run.stdout.split() == ["svg", "True", "4"]
 
 
+def test_line_panels_put_each_series_in_its_own_panel():
+    from zoo.viz import figures
+
+    drawn = figures.line_panels_figure({"accuracy": {"run a": ([0, 100], [0.1, 0.9])},
+                                        "gate": {"run a": ([0, 100], [0.0, 0.7]), "run b": ([0], [0.2])}},
+                                       "step", "title")
+    assert [ax.get_ylabel() for ax in drawn.axes] == ["accuracy", "gate"]
+    assert [[(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()] for ax in drawn.axes] == [
+        [([0, 100], [0.1, 0.9])], [([0, 100], [0.0, 0.7]), ([0], [0.2])]]
+
+
 def test_learned_mask_pictures_are_the_parameters():
     model = zoo.create("quiet-vit-tiny", learned_bias=True)
     with torch.no_grad():

@@ -179,6 +179,20 @@ def lines_figure(series: dict[str, tuple[list, list]], xlabel: str, ylabel: str,
     return fig
 
 
+def line_panels_figure(panels: dict[str, dict[str, tuple[list, list]]], xlabel: str, title: str) -> Figure:
+    """Panels side by side on linear axes, one per y label, each with one line per label through its (x, y)
+    points: several measures of the same runs against a shared x (training step, say)."""
+    fig, axes = _subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels.items()):
+        for label, (x, y) in series.items():
+            ax.plot(x, y, marker="o", markersize=2, label=label)
+        ax.set_xlabel(xlabel), ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
 def bars_figure(groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> Figure:
     """Grouped bars: one group per label in `groups`, one bar per series."""
     fig, ax = _subplots(figsize=(max(5.2, len(groups) * 0.9), 3.4))
