@@ -219,7 +219,7 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
     return data, module, budget, size, not_tested
 
 
-def _trainer(steps: int, callbacks=()):
+def quiet_trainer(steps: int, callbacks=()):
     """A quiet CPU Trainer for `steps` optimizer steps: no validation, logger, checkpoints or progress bar."""
     import lightning as L
 
@@ -235,7 +235,7 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
     the budget's (the schedule's cosine decay stretches to the steps)."""
 
     data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr, steps)
-    trainer = _trainer(budget["steps"])
+    trainer = quiet_trainer(budget["steps"])
     start = time.perf_counter()
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
@@ -280,7 +280,7 @@ def seconds_per_step(task: str, model: str, steps: int = 4) -> float:
         def on_train_batch_end(self, *args):
             ends.append(time.perf_counter())
 
-    _trainer(steps + 1, [Clock()]).fit(module, data)
+    quiet_trainer(steps + 1, [Clock()]).fit(module, data)
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
 

@@ -14,8 +14,9 @@ sequences (never the test set): accuracy on the scored tokens, and per layer and
 puts on itself (ELiTA: its gate g_i) and on the answer (capability_pictures' measures).
 
 Each finished run is added to bench/results/capability_timeline.json at once (a run already there is skipped);
-docs/images/capability_timeline.png draws every run of the model: accuracy, the gate (the first layer's largest
-head on itself) and the last layer's best head on the answer, against the step.
+docs/images/TASK_MODEL_timeline.png (MODEL's colons as dashes) draws every run of the model on the task:
+accuracy, the gate (the first layer's largest head on itself) and the last layer's best head on the answer,
+against the step.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,7 +35,7 @@ from bench import capabilities, capability_pictures  # noqa: E402
 from bench.common import RESULTS, print_table  # noqa: E402
 
 OUT = RESULTS / "capability_timeline.json"
-IMAGE = capability_pictures.IMAGES / "capability_timeline.png"
+IMAGES = capability_pictures.IMAGES
 TASKS = ("induction_heads", "mqar")  # the tasks whose answer position capability_pictures knows
 
 
@@ -78,9 +80,12 @@ def run(task: str, model: str, lr: float, steps: int, every: int, tiny: bool = F
             if trainer.global_step % every == 0 or trainer.global_step == steps:
                 points[trainer.global_step] = snapshot(pl_module.model, x, y, where)
 
-    capabilities._trainer(steps, [Measure()]).fit(module, data)
+    start = time.perf_counter()
+    capabilities.quiet_trainer(steps, [Measure()]).fit(module, data)
+    seconds = time.perf_counter() - start  # the snapshots' time included
     attention = points[0]["attention"]
     return {"task": task, "model": model, "seed": 0, **budget, "every": every, "sequences": len(x),
+            "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
             "queries": len(where), "attention": attention,
             "points": {str(step): {k: v for k, v in point.items() if k != "attention"}
                        for step, point in sorted(points.items())}}
@@ -102,6 +107,10 @@ def series(record: dict, measure) -> tuple[list[int], list[float]]:
     return [int(s) for s in record["points"]], [measure(p) for p in record["points"].values()]
 
 
+def image(task: str, model: str) -> Path:
+    return IMAGES / f"{task}_{model.replace(':', '-')}_timeline.png"
+
+
 def draw(records: list[dict]) -> None:
     from zoo.viz import figures
 
@@ -110,8 +119,8 @@ def draw(records: list[dict]) -> None:
     first = records[0]
     figure = figures.line_panels_figure(panels, "optimizer step", f"{first['model']} on {first['task']}, seed 0 "
                                         f"({' then '.join(first['attention'])}): measured on validation")
-    IMAGE.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(IMAGE, dpi=110, bbox_inches="tight")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    figure.savefig(image(first["task"], first["model"]), dpi=110, bbox_inches="tight")
 
 
 def table(records: list[dict]) -> None:

@@ -1172,11 +1172,11 @@ def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypat
             assert all(0 <= v <= 1 for layer in point[measure] for v in layer)
     assert record["points"]["5"] != record["points"]["0"]  # it trained between them
     monkeypatch.setattr(capability_timeline, "OUT", tmp_path / "timeline.json")
-    monkeypatch.setattr(capability_timeline, "IMAGE", tmp_path / "timeline.png")
+    monkeypatch.setattr(capability_timeline, "IMAGES", tmp_path)
     capabilities.add_record(capability_timeline.OUT, "induction_heads/elita-gpt-tiny@0.01x5", record)
     capability_timeline.main(["--table", "--model", "elita-gpt-tiny"])
     assert "induction_heads/elita-gpt-tiny@0.01x5" in capsys.readouterr().out
-    assert (tmp_path / "timeline.png").stat().st_size > 1000
+    assert (tmp_path / "induction_heads_elita-gpt-tiny_timeline.png").stat().st_size > 1000
     for argv, message in [(["--lr", "0"], "--lr must be positive numbers, got 0.0"),
                           (["--lr", "nan"], "--lr must be positive numbers, got nan"),
                           (["--steps", "0"], "count optimizer steps from 1, got 0 and 100"),
