@@ -250,7 +250,9 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
             "data": data.describe(), "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
             "cpu_flags": common.cpu_flags(),  # a rerun repeats a record to the digit on the same kernels only
-            "metrics": metrics, "validation": validation, "validation_seed": VAL_SEED if validated else None,
+            "metrics": metrics, "validation": validation,
+            # which validation sets it was measured on: zoo.data's fixed sets move with VAL_SEED (stale_points)
+            "validation_seed": VAL_SEED if validated else None,
             "loss_by_position": module.position_loss.get("test"), "not_tested": not_tested}
 
 
