@@ -315,6 +315,10 @@ def sweep_key(task: str, model: str, lr: float) -> str:
     return f"{task}/{model}/0@{lr:g}"
 
 
+def sweep_point(results: dict, task: str, model: str, lr: float) -> dict | None:
+    return results.get("sweep", {}).get(sweep_key(task, model, lr))
+
+
 def _best(points: list[dict]) -> dict:
     """The sweep point with the best validation accuracy (ties: the lower validation loss, then the smaller rate)."""
     def rank(record: dict) -> tuple:
@@ -329,7 +333,7 @@ def sweep_rates(results: dict, task: str, model: str) -> list[float]:
     rate run so far is the best. Ends at the first rate not yet run (the one the sweep runs next)."""
     rates, climb = list(SWEEP_LRS), iter(SWEEP_CLIMB)
     while True:
-        points = [results.get("sweep", {}).get(sweep_key(task, model, lr)) for lr in rates]
+        points = [sweep_point(results, task, model, lr) for lr in rates]
         if None in points or _best(points)["lr"] != rates[-1] or (higher := next(climb, None)) is None:
             return rates
         rates.append(higher)
@@ -337,7 +341,7 @@ def sweep_rates(results: dict, task: str, model: str) -> list[float]:
 
 def chosen_lr(results: dict, task: str, model: str) -> float | None:
     """A swept cell's learning rate: its best point on validation over sweep_rates; None until all have run."""
-    points = [results.get("sweep", {}).get(sweep_key(task, model, lr)) for lr in sweep_rates(results, task, model)]
+    points = [sweep_point(results, task, model, lr) for lr in sweep_rates(results, task, model)]
     return None if None in points else _best(points)["lr"]
 
 
@@ -372,8 +376,7 @@ def sweep(out: Path, task: str, model: str, tiny: bool) -> None:
                 results.setdefault("sweep_stale", {})[key] = results["sweep"].pop(key)
             write_text_atomic(out, json.dumps(results, indent=2))
     while (chosen := chosen_lr(results := load(out), task, model)) is None:
-        lr = next(lr for lr in sweep_rates(results, task, model)
-                  if sweep_key(task, model, lr) not in results.get("sweep", {}))
+        lr = next(lr for lr in sweep_rates(results, task, model) if sweep_point(results, task, model, lr) is None)
         print(f"{sweep_key(task, model, lr)} ...", flush=True)
         add_record(out, sweep_key(task, model, lr), run_one(task, model, 0, tiny, lr=lr), section="sweep")
     add_record(out, f"{task}/{model}/0", {**results["sweep"][sweep_key(task, model, chosen)],

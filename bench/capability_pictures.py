@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import capabilities  # noqa: E402
-from bench.common import RESULTS, machine, print_table  # noqa: E402
+from bench.common import RESULTS, machine, print_table, save_figure  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,24 +126,37 @@ def on_answer(weights: list[torch.Tensor], where: list[tuple[int, int, int]]) ->
     return per_query.mean(0), sum(1 / (q + 1) for _, q, _ in where) / len(where)
 
 
-def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]:
-    import zoo
+def look(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, where: list[tuple[int, int, int]]):
+    """Run the model on x under zoo.viz.capture: ({accuracy on y's scored tokens, per layer and head the mean
+    weight on the answer and on the query itself over the queries `where`, each layer's attention}, every layer's
+    weights, the even spread's weight on the answer). Leaves the model's mode as it found it."""
     from zoo.viz import capture
 
-    model = zoo.load(str(folder)).eval()
-    x, y = next(iter(torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES)))
+    training = model.training
+    model.eval()
     with capture(model) as maps, torch.no_grad():
         logits = model(x)
+    model.train(training)
     weights = [m.weights.float() for m in maps]
-    where = answers(x, y, data.num_pairs) if task == "mqar" else induction_answers(x, y)
     weight, even = on_answer(weights, where)
     itself, _ = on_answer(weights, [(b, q, q) for b, q, _ in where])
     scored = y != -100
     accuracy = float((logits.argmax(-1)[scored] == y[scored]).float().mean())
-    record = {"accuracy": round(accuracy, 4), "queries": len(where), "even": round(even, 4),
-              "on_answer": [[round(float(v), 4) for v in layer] for layer in weight],
-              "on_itself": [[round(float(v), 4) for v in layer] for layer in itself],
-              "attention": [m.kind for m in maps]}
+    return {"accuracy": round(accuracy, 4),
+            "on_answer": [[round(float(v), 4) for v in layer] for layer in weight],
+            "on_itself": [[round(float(v), 4) for v in layer] for layer in itself],
+            "attention": [m.kind for m in maps]}, weights, even
+
+
+def measure(folder: Path, data, task: str = "mqar") -> tuple[dict, torch.Tensor]:
+    import zoo
+
+    model = zoo.load(str(folder)).eval()
+    x, y = next(iter(torch.utils.data.DataLoader(data.test_sets[0], batch_size=SEQUENCES)))
+    where = answers(x, y, data.num_pairs) if task == "mqar" else induction_answers(x, y)
+    seen, weights, even = look(model, x, y, where)
+    record = {"accuracy": seen["accuracy"], "queries": len(where), "even": round(even, 4),
+              **{k: seen[k] for k in ("on_answer", "on_itself", "attention")}}
     if task == "mqar":
         on_key, key_even = on_answer(weights, [(b, a, a - 1) for b, _, a in where])
         record["on_key"] = [[round(float(v), 4) for v in layer] for layer in on_key]
@@ -198,7 +211,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
     labels = [f"{m}\nhead {h}, lr {records[m]['lr']:g} ({records[m]['accuracy']:.0%})"
               for m in records for h in range(len(last[m]))]
     figure = figures.heatmaps_figure(maps, labels, title=TITLES[task])
-    figure.savefig(IMAGES / f"{name}_attention.png", dpi=110, bbox_inches="tight")
+    save_figure(figure, IMAGES / f"{name}_attention.png")
     layers = max(len(r["on_answer"]) for r in records.values())
     series = {f"layer {i}": [max(r["on_answer"][i]) if i < len(r["on_answer"]) else 0 for r in records.values()]
               for i in range(layers)}
@@ -207,7 +220,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
                                  "weight on the answer (best head)",
                                  f"{'MQAR' if task == 'mqar' else 'induction heads'}: how much of a query's row "
                                  "lands on the token it must recall")
-    figure.savefig(IMAGES / f"{name}_on_answer.png", dpi=110, bbox_inches="tight")
+    save_figure(figure, IMAGES / f"{name}_on_answer.png")
     if task == "mqar":  # recall by distance, at the longest length each model reaches
         series = {}
         for model, r in records.items():
@@ -218,7 +231,7 @@ def draw(records: dict, last: dict, task: str = "mqar", name: str = "mqar") -> N
                                       "accuracy %", "MQAR: recall against how far back the answer lies", log=False)
         figure.axes[0].set_xscale("log", base=2)
         figure.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the lines, not over them
-        figure.savefig(IMAGES / f"{name}_by_distance.png", dpi=110, bbox_inches="tight")
+        save_figure(figure, IMAGES / f"{name}_by_distance.png")
 
 
 def table(results: dict, task: str = "mqar") -> None:

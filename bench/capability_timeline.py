@@ -32,32 +32,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import capabilities, capability_pictures  # noqa: E402
-from bench.common import RESULTS, print_table  # noqa: E402
+from bench.common import RESULTS, print_table, save_figure  # noqa: E402
 
 OUT = RESULTS / "capability_timeline.json"
 IMAGES = capability_pictures.IMAGES
 TASKS = ("induction_heads", "mqar")  # the tasks whose answer position capability_pictures knows
-
-
-def snapshot(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, where: list[tuple[int, int, int]]) -> dict:
-    """Accuracy on the scored tokens of (x, y), the attention of each layer, and per layer and head the mean
-    weight on the answer and on the query itself over the queries `where` (sequence, query position, answer
-    position). Leaves the model's mode as it found it."""
-    from zoo.viz import capture
-
-    training = model.training
-    model.eval()
-    with capture(model) as maps, torch.no_grad():
-        logits = model(x)
-    model.train(training)
-    weights = [m.weights.float() for m in maps]
-    on_answer, _ = capability_pictures.on_answer(weights, where)
-    on_itself, _ = capability_pictures.on_answer(weights, [(b, q, q) for b, q, _ in where])
-    scored = y != -100
-    return {"accuracy": round(float((logits.argmax(-1)[scored] == y[scored]).float().mean()), 4),
-            "attention": [m.kind for m in maps],
-            "on_answer": [[round(float(v), 4) for v in layer] for layer in on_answer],
-            "on_itself": [[round(float(v), 4) for v in layer] for layer in on_itself]}
 
 
 def run(task: str, model: str, lr: float, steps: int, every: int, tiny: bool = False) -> dict:
@@ -74,11 +53,11 @@ def run(task: str, model: str, lr: float, steps: int, every: int, tiny: bool = F
 
     class Measure(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            points[0] = snapshot(pl_module.model, x, y, where)
+            points[0] = capability_pictures.look(pl_module.model, x, y, where)[0]
 
         def on_train_batch_end(self, trainer, pl_module, *args):
             if trainer.global_step % every == 0 or trainer.global_step == steps:
-                points[trainer.global_step] = snapshot(pl_module.model, x, y, where)
+                points[trainer.global_step] = capability_pictures.look(pl_module.model, x, y, where)[0]
 
     start = time.perf_counter()
     capabilities.quiet_trainer(steps, [Measure()]).fit(module, data)
@@ -119,8 +98,7 @@ def draw(records: list[dict]) -> None:
     first = records[0]
     figure = figures.line_panels_figure(panels, "optimizer step", f"{first['model']} on {first['task']}, seed 0 "
                                         f"({' then '.join(first['attention'])}): measured on validation")
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    figure.savefig(image(first["task"], first["model"]), dpi=110, bbox_inches="tight")
+    save_figure(figure, image(first["task"], first["model"]))
 
 
 def table(records: list[dict]) -> None:
@@ -152,15 +130,19 @@ def main(argv=None):
             parser.error(f"--lr must be positive numbers, got {lr}")
     if args.steps < 1 or args.every < 1:
         parser.error(f"--steps and --every count optimizer steps from 1, got {args.steps} and {args.every}")
+    try:
+        runs = capabilities.load(OUT)["runs"]
+    except ValueError as error:  # a file there that is not this script's JSON: refused, never overwritten
+        parser.error(str(error))
     if not args.table:
         torch.set_num_threads(1)
         for lr in args.lr:
             name = key(args.task, args.model, lr, args.steps)
-            if name not in capabilities.load(OUT).get("runs", {}):
+            if name not in runs:
                 print(f"{name} ...", flush=True)
                 capabilities.add_record(OUT, name, run(args.task, args.model, lr, args.steps, args.every),
                                         command="python bench/capability_timeline.py")
-    runs = capabilities.load(OUT).get("runs", {})
+    runs = capabilities.load(OUT)["runs"]
     records = [r for r in runs.values() if r["task"] == args.task and r["model"] == args.model]
     if not records:
         parser.error(f"no run of {args.model} on {args.task} in {OUT} yet: run it without --table")

@@ -111,6 +111,18 @@ def write_json(name: str, payload: dict) -> Path:
     return write_text_atomic(RESULTS / f"{name}.json", json.dumps({"machine": machine(), **payload}, indent=2))
 
 
+def save_figure(figure, path: Path) -> None:
+    """A PNG written whole: drawn beside its path under a name of this process's, then renamed over it, so a
+    reader, or a second process drawing the same picture, never meets half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        figure.savefig(partial, format="png", dpi=110, bbox_inches="tight")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def read_runs(path: Path) -> dict:
     """A benchmark's results JSON ({"runs": {...}, ...}), or an empty one where the file is absent. A file that is
     not one (another tool's, or not JSON) is refused, naming it, rather than overwritten or failing deep inside."""

@@ -1177,6 +1177,7 @@ def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypat
     capability_timeline.main(["--table", "--model", "elita-gpt-tiny"])
     assert "induction_heads/elita-gpt-tiny@0.01x5" in capsys.readouterr().out
     assert (tmp_path / "induction_heads_elita-gpt-tiny_timeline.png").stat().st_size > 1000
+    assert not list(tmp_path.glob(".*partial"))  # drawn beside its path, then renamed over it
     for argv, message in [(["--lr", "0"], "--lr must be positive numbers, got 0.0"),
                           (["--lr", "nan"], "--lr must be positive numbers, got nan"),
                           (["--steps", "0"], "count optimizer steps from 1, got 0 and 100"),
@@ -1186,3 +1187,10 @@ def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypat
         with pytest.raises(SystemExit):
             capability_timeline.main(argv)
         assert message in capsys.readouterr().err
+    # a file in its place that it did not write is refused in one line, and left as it was
+    monkeypatch.setattr(capability_timeline, "OUT", tmp_path / "foreign.json")
+    capability_timeline.OUT.write_text("[1, 2]")
+    with pytest.raises(SystemExit):
+        capability_timeline.main(["--table"])
+    assert "is not a results JSON of this benchmark" in capsys.readouterr().err
+    assert capability_timeline.OUT.read_text() == "[1, 2]"
