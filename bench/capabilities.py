@@ -415,13 +415,17 @@ def _by_cell(results: dict, task: str) -> dict[str, list[dict]]:
 
 
 def _about(records: list[dict]) -> list[str]:
-    """The seeds, learning rate (marked when swept) and minutes per run of one cell.
+    """The seeds, learning rate (marked when swept; "on test" when chosen before VAL_SEED moved) and minutes per
+    run of one cell.
 
     Minutes are averaged over runs of the same thread count only (records before --threads ran at one):
     a run at two threads beside none is not the same measure as one at one thread beside another.
     """
     rates = sorted({f"{r['lr']:g}" for r in records})
-    swept = " (swept)" if any("sweep" in r for r in records) else ""
+    chosen_by = [r for r in records if "sweep" in r]
+    swept = ""
+    if chosen_by:  # a choice made on the validation sequences that were test sequences says so (stale_points)
+        swept = " (swept)" if all(r.get("validation_seed") == VAL_SEED for r in chosen_by) else " (swept on test)"
     by_threads: dict[int, list[float]] = {}
     for r in records:
         by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)

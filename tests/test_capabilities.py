@@ -653,7 +653,9 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     from bench import capabilities
 
     runs = [_record("mqar", "gpt-tiny", 0, 0.9, seconds=60), _record("mqar", "gpt-tiny", 1, 1.0, seconds=120),
-            _record("mqar", "micro-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),
+            _record("mqar", "micro-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3},
+                    validation_seed=capabilities.VAL_SEED),
+            _record("mqar", "quiet-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),  # chosen before VAL_SEED moved
             _record("mqar", "elita-gpt-tiny", 0, 0.5, seconds=60, threads=1),
             _record("mqar", "elita-gpt-tiny", 1, 0.5, seconds=180, threads=2),
             _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75),
@@ -663,9 +665,11 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     mqar, grid = tables["mqar"].splitlines(), tables["grid"].splitlines()
     # 0.9 and 1.0: mean 95.0, sample std sqrt(0.005) = 7.07 points; at 128: 47.5 ± 3.5
     assert mqar[2] == "| `gpt-tiny` | 95.0 ± 7.1 | 47.5 ± 3.5 | 0, 1 | 0.001 | 1.5 |"
-    assert mqar[3] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
+    # a swept rate says whether it was chosen on the validation sequences that were test sequences
+    assert mqar[3] == "| `quiet-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept on test) | 1.0 |"
+    assert mqar[4] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
     # minutes are averaged within a thread count, never across two
-    assert mqar[4] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
+    assert mqar[5] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
     # the grid: a row per model and width, pairs (and lengths past 64) across; a cell not run is "-"
     assert grid[0] == ("| model | width | 4 pairs | 8 pairs | 16 pairs | 8 pairs at 128 | 16 pairs at 128 | seeds | lr "
                        "| min per run |")
