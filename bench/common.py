@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import platform
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from zoo.training.precision import cpu_flags  # noqa: F401  (the benchmarks report it)
-from zoo.utils.atomic import write_text_atomic
+from zoo.utils.atomic import write_bytes_atomic, write_text_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -112,15 +113,11 @@ def write_json(name: str, payload: dict) -> Path:
 
 
 def save_figure(figure, path: Path) -> None:
-    """A PNG written whole: drawn beside its path under a name of this process's, then renamed over it, so a
-    reader, or a second process drawing the same picture, never meets half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        figure.savefig(partial, format="png", dpi=110, bbox_inches="tight")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    """A PNG written whole (write_bytes_atomic), so a reader, or a second process drawing the same picture, never
+    meets half a file."""
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    write_bytes_atomic(path, png.getvalue())
 
 
 def read_runs(path: Path) -> dict:

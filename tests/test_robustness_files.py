@@ -391,3 +391,30 @@ def test_check_caps_workers_and_refuses_missing_data_without_touching_the_root(t
         main(["check", "micro-vit-tiny.mnist", "--data-root", str(empty)])
     assert os.listdir(empty) == []
     assert "http" not in capsys.readouterr().out
+
+
+def test_bytes_are_written_whole_as_text_is(tmp_path):
+    png = bytes(range(256)) * 4  # every byte value, no newline translation
+    path = atomic.write_bytes_atomic(tmp_path / "picture.png", png)
+    assert path.read_bytes() == png
+    path.chmod(0o600)
+    atomic.write_bytes_atomic(path, b"again")  # replaced, keeping the file's own mode, no temporary left
+    assert path.read_bytes() == b"again" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["picture.png"]
+    with pytest.raises(IsADirectoryError, match="expected the path of a file"):
+        atomic.write_bytes_atomic(tmp_path, b"x")
+
+
+def test_bench_pictures_are_written_whole(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from bench.common import save_figure
+
+    figure = Figure()
+    figure.add_subplot().plot([0, 1], [1, 0])
+    save_figure(figure, tmp_path / "new" / "line.png")
+    assert (tmp_path / "new" / "line.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["line.png"]

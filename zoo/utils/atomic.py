@@ -1,6 +1,6 @@
 """Files and folders that no reader sees half-written, and that never replace what zoo did not write.
 
-- `write_text_atomic`: a temporary file beside the target, then one rename over it.
+- `write_text_atomic`, `write_bytes_atomic`: a temporary file beside the target, then one rename over it.
 - `replace_folder`: a whole folder built in a hidden staging folder beside its place, then
   swapped in. Writers of one path take turns (a lock under the system's temporary folder,
   so nothing is left beside the user's files); a staging folder left by a killed writer is
@@ -119,21 +119,30 @@ def write_text_atomic(path, text: str) -> Path:
 
     A new file gets the usual mode (0o666 less the umask), an existing one keeps its own; the temporary
     file is `.NAME.PID.XXXXXXXX.tmp`, so that a later write removes those of writers that were killed."""
+    return _write_atomic(path, text, "w")
+
+
+def write_bytes_atomic(path, data: bytes) -> Path:
+    """`data` written whole, as write_text_atomic writes text (a picture's PNG, say)."""
+    return _write_atomic(path, data, "wb")
+
+
+def _write_atomic(path, data, mode: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected the path of a file to write")
     check_parents(path, "the file")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
+        file_mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        mode = 0o666 & ~_umask()
+        file_mode = 0o666 & ~_umask()
     _remove_dead_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{hidden_stem(path)}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        os.chmod(tmp, file_mode)
+        with os.fdopen(fd, mode) as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
