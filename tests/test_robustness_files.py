@@ -418,3 +418,26 @@ def test_bench_pictures_are_written_whole(tmp_path):
     save_figure(figure, tmp_path / "new" / "line.png")
     assert (tmp_path / "new" / "line.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in (tmp_path / "new").iterdir()] == ["line.png"]
+
+
+def _write_many(path, fill: int) -> None:
+    for _ in range(20):
+        atomic.write_bytes_atomic(path, bytes([fill]) * 300_000)
+
+
+def test_bytes_from_two_processes_at_once_leave_one_whole_file_and_a_wrong_type_nothing(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "picture.png"
+    writers = [multiprocessing.get_context("fork").Process(target=_write_many, args=(path, fill)) for fill in (1, 2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+    assert [writer.exitcode for writer in writers] == [0, 0]
+    data = path.read_bytes()
+    assert data in (b"\x01" * 300_000, b"\x02" * 300_000)  # one writer's whole file, never a mix
+    assert [p.name for p in tmp_path.iterdir()] == ["picture.png"]
+    with pytest.raises(TypeError, match="bytes-like"):  # text where bytes belong: the file there stays as it was
+        atomic.write_bytes_atomic(path, "text")
+    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["picture.png"]
