@@ -715,16 +715,39 @@ def test_readme_capability_tables_are_the_jsons():
     assert capabilities.fill_readme(readme, tables) == readme, "run: python bench/capabilities.py --readme README.md"
 
 
-def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does():
-    """The README's "Not run yet" says how many swept cells still chose on the old validation set (test
-    sequences); that count is the JSON's, so it cannot go stale as cells are swept again."""
+@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes_swept.json"])
+def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
+    """The README's "Not run yet" says how many swept cells of each file still chose on the old validation set
+    (test sequences); that count is the JSON's, so it cannot go stale as cells are swept again."""
     from bench import capabilities
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    results = capabilities.load(capabilities.OUT)
+    results = capabilities.load(capabilities.RESULTS / name)
     cells = {key.split("/0@")[0] for key in results["sweep"]}
     stale = [cell for cell in cells if capabilities.stale_points(results, *cell.split("/", 1))]
-    assert f"({len(stale)} of the {len(cells)} swept cells" in readme
+    said = f"{len(stale)} of the {len(cells)} swept cells of `bench/results/{name}`"
+    assert said in " ".join(readme.split())  # the README's line breaks fall anywhere
+
+
+def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
+    """The README's note on the tie rule says how many swept cells tie on seed 0's best validation accuracy and
+    that a loss difference under 0.003 nats decides each; both are the JSON's."""
+    from bench import capabilities
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    results = capabilities.load(capabilities.OUT)
+    cells = sorted({key.split("/0@")[0] for key in results["sweep"]})
+    ties = []
+    for cell in cells:
+        task, model = cell.split("/", 1)
+        points = [capabilities.sweep_point(results, task, model, lr)
+                  for lr in capabilities.sweep_rates(results, task, model)]
+        best = max(p["validation"]["val/accuracy"] for p in points)
+        tied = [p["validation"]["val/loss"] for p in points if p["validation"]["val/accuracy"] == best]
+        if len(tied) > 1:
+            ties.append(max(tied) - min(tied))
+    assert f"{len(ties)} of the {len(cells)} swept cells tie on seed 0's best validation accuracy" in readme
+    assert "under 0.003 nats decides each" in readme and max(ties) < 0.003
 
 
 def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch,
