@@ -30,6 +30,7 @@ from zoo.training.sequence import SequenceTask, position_buckets
 from .conftest import data_root
 
 ROOT = data_root()
+README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = {"embed_dim": 32, "depth": 1, "num_heads": 2}
 SMALL = {"train_samples": 64, "val_samples": 8, "test_samples": 8, "batch_size": 8}
 
@@ -710,9 +711,19 @@ def test_readme_capability_tables_are_the_jsons():
     JSON's tables into the README (`python bench/capabilities.py --readme README.md`) changes nothing."""
     from bench import capabilities
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = README.read_text()
     tables = capabilities.markdown(capabilities.load(capabilities.OUT))
     assert capabilities.fill_readme(readme, tables) == readme, "run: python bench/capabilities.py --readme README.md"
+
+
+def _readme_words() -> str:
+    """The README with every run of whitespace made one space: its line breaks fall anywhere in a sentence."""
+    return " ".join(README.read_text().split())
+
+
+def _swept_cells(results: dict) -> list[tuple[str, str]]:
+    """(task, model) of every cell with a sweep point in a capabilities JSON."""
+    return sorted({tuple(key.split("/0@")[0].split("/", 1)) for key in results["sweep"]})
 
 
 @pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes_swept.json"])
@@ -721,12 +732,10 @@ def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
     (test sequences); that count is the JSON's, so it cannot go stale as cells are swept again."""
     from bench import capabilities
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     results = capabilities.load(capabilities.RESULTS / name)
-    cells = {key.split("/0@")[0] for key in results["sweep"]}
-    stale = [cell for cell in cells if capabilities.stale_points(results, *cell.split("/", 1))]
-    said = f"{len(stale)} of the {len(cells)} swept cells of `bench/results/{name}`"
-    assert said in " ".join(readme.split())  # the README's line breaks fall anywhere
+    cells = _swept_cells(results)
+    stale = [cell for cell in cells if capabilities.stale_points(results, *cell)]
+    assert f"{len(stale)} of the {len(cells)} swept cells of `bench/results/{name}`" in _readme_words()
 
 
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
@@ -735,12 +744,11 @@ def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     three are the JSON's."""
     from bench import capabilities
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = _readme_words()
     results = capabilities.load(capabilities.OUT)
-    cells = sorted({key.split("/0@")[0] for key in results["sweep"]})
+    cells = _swept_cells(results)
     gaps, moved = [], 0
-    for cell in cells:
-        task, model = cell.split("/", 1)
+    for task, model in cells:
         points = [capabilities.sweep_point(results, task, model, lr)
                   for lr in capabilities.sweep_rates(results, task, model)]
         if None in points:  # a sweep not finished has no choice to tie
