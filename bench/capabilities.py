@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zoo  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import RESULTS, locked, machine, print_table, write_json  # noqa: E402
-from zoo.data.sequences import VAL_SEED  # noqa: E402
+from zoo.data.sequences import TEST_SEED, VAL_SEED, fixed_seed  # noqa: E402
 from zoo.release.check import cores  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
@@ -253,7 +253,26 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
             "metrics": metrics, "validation": validation,
             # which validation sets it was measured on: zoo.data's fixed sets move with VAL_SEED (stale_points)
             "validation_seed": VAL_SEED if validated else None,
+            "test_seeds": test_seeds(data.describe()),
             "loss_by_position": module.position_loss.get("test"), "not_tested": not_tested}
+
+
+def test_seeds(data: dict) -> dict[str, int] | None:
+    """The seed of the first sequence of each fixed test set of a generated task (by length), today; None for
+    a task that reads its test set (pixel MNIST, text). `data` is a record's, as SequenceData.describe gives it."""
+    lengths = data["init_args"].get("test_lengths")
+    return None if lengths is None else {str(n): fixed_seed(TEST_SEED, n, 0) for n in lengths}
+
+
+def stale_test(record: dict) -> bool:
+    """Whether a run was tested on other test sets than today's: those at lengths that are multiples of 256 moved
+    off seed 0's training sequences (zoo.data.sequences.TRAINING_SEEDS). Records from before that carry no
+    "test_seeds": their sets were drawn from TEST_SEED + length * 2**24 + index."""
+    today = test_seeds(record["data"])
+    if today is None:
+        return False
+    measured = record.get("test_seeds") or {n: TEST_SEED + int(n) * 2**24 for n in today}
+    return measured != today
 
 
 def load(out: Path) -> dict:
@@ -431,7 +450,10 @@ def _about(records: list[dict]) -> list[str]:
         by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)
     minutes = "; ".join(f"{statistics.mean(m):.1f}" + (f" ({n} threads)" if n != 1 else "")
                         for n, m in sorted(by_threads.items()))
-    return [", ".join(str(r["seed"]) for r in records), " / ".join(rates) + swept, minutes]
+    seeds = ", ".join(str(r["seed"]) for r in records)
+    if stale := [str(r["seed"]) for r in records if stale_test(r)]:  # to run again: said until it has
+        seeds += f" (old test sets: {', '.join(stale)})"
+    return [seeds, " / ".join(rates) + swept, minutes]
 
 
 TEXT_BUCKETS = ("8-16", "64-128", "512-1024")  # positions early, middle and late in a 1,024-token window
@@ -636,6 +658,8 @@ def main(argv=None):
             return "done" if record.get("sweep") == sweep_scores(results, t, m) else "to sweep"
         if record is None:
             return "to run"
+        if stale_test(record):
+            return "to run again on today's test sets (those at multiples of 256 moved off seed 0's training data)"
         if record["steps"] != steps:
             return f"to run again for {steps} steps (this one ran {record['steps']})"
         if record["lr"] == lr or (s == 0 and "sweep" in record):  # a sweep's seed 0 stands until a sweep redoes it
@@ -672,6 +696,9 @@ def main(argv=None):
                     continue
                 print(f"{key} ...", flush=True)
                 record = run_one(t, m, s, args.tiny, lr=wanted_lr(rates or results, t, m, default_lr), steps=steps)
+                earlier = results["runs"].get(key)
+                if earlier and "sweep" in earlier and earlier["lr"] == record["lr"]:  # run again on moved test
+                    record["sweep"] = earlier["sweep"]  # sets only: the sweep's choice stands
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)

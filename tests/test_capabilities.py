@@ -254,9 +254,34 @@ def test_validation_and_test_share_no_sequence(make):
     assert len(val) >= 290  # distinct sequences, not one repeated (ListOps' short trees can repeat a few)
     for test_set in data.test_sets:
         assert not val & rows(test_set)
-    # test keeps the seeds it had in effect: its first sequence is the one drawn from seed 2**62 + length * 2**24
+    # test keeps the seeds it had in effect (but at multiples of 256): its first sequence is the one drawn from seed
+    # 2**62 + length * 2**24
     x, y = data.example(data.sequence_length, 2**62 + data.sequence_length * 2**24)
     assert torch.equal(data.test_sets[0].tensors[0][0], x) and torch.equal(data.test_sets[0].tensors[1][0], y)
+
+
+@pytest.mark.parametrize("make, signature", [
+    # MQAR: the key-value pairs, its first 2 * num_pairs tokens; selective copying: the tokens to copy, its answers
+    (lambda: MQAR(vocab_size=256, sequence_length=64, num_pairs=4, test_lengths=[128, 256, 512, 1024], **SMALL),
+     lambda x, y: tuple(x[:8].tolist())),
+    (lambda: SelectiveCopying(vocab_size=16, sequence_length=128, num_tokens=16, test_lengths=[256, 512, 2048],
+                              **SMALL), lambda x, y: tuple(y[y != IGNORE].tolist())),
+])
+def test_no_fixed_sequence_begins_as_a_training_sequence(make, signature):
+    """A test (or validation) sequence must not be one the model trained on, at any length. torch keeps a seed's
+    low 32 bits, so a fixed set whose seeds agree there with training items' redraws their first draws: test sets
+    at multiples of 256 once began as seed 0's first training sequences (the same pairs, the same tokens)."""
+    data = make()
+    data.val_samples = data.test_samples = 200
+    data.setup()
+    n = data.sequence_length
+    # the training stream's item i of epoch e under seed s, written out (zoo.data.sampling.epoch_generator)
+    trained = {signature(*data.example(n, s * 1_000_003 + e * 100_003 + i))
+               for s in range(4) for e in range(2) for i in range(200)}
+    for fixed in [data.val_set, *data.test_sets]:
+        assert not trained & {signature(x, y) for x, y in zip(*fixed.tensors)}
+    old = data.example(256, 2**62 + 256 * 2**24 + 5)  # the test seed at 256 before it moved: training item 5's draw
+    assert signature(*old) == signature(*data.example(n, 5))
 
 
 def test_pinned_sequences():
@@ -501,7 +526,7 @@ def _record(task, model, seed, accuracy, lr=1e-3, seconds=60.0, **extra):
     """A hand-made capability record: test accuracy at the training length 64 and at 128."""
     metrics = {"test/accuracy@64": accuracy, "test/accuracy": accuracy, "test/accuracy@128": accuracy / 2}
     return {"task": task, "model": model, "seed": seed, "lr": lr, "train_seconds": seconds, "metrics": metrics,
-            **extra}
+            "data": {"init_args": {"test_lengths": [64, 128]}}, **extra}
 
 
 def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(tmp_path, capsys, monkeypatch):
@@ -588,6 +613,39 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
         assert message in capsys.readouterr().err
 
 
+def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_sweep(tmp_path, monkeypatch, capsys):
+    """Test sets at multiples of 256 moved off seed 0's training sequences: a record tested there before (no
+    "test_seeds") is listed and run again at its rate; a swept seed 0 keeps its sweep, which chose on validation."""
+    from bench import capabilities
+
+    name, kwargs = capabilities.TINY_TASKS["mqar"]
+    monkeypatch.setitem(capabilities.TINY_TASKS, "mqar", (name, {**kwargs, "test_lengths": [256]}))
+    out = tmp_path / "capabilities.json"
+    swept = {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr): {"lr": lr, "validation": {
+        "val/accuracy": 0.75 if lr == 3e-3 else 0.5, "val/loss": 1.0}} for lr in capabilities.SWEEP_LRS}
+    out.write_text(json.dumps({"runs": {}, "sweep": swept}))
+    base = ["--tiny", "--only", "mqar/micro-gpt-tiny/0", "--models", "micro-gpt-tiny", "--out", str(out)]
+    capabilities.main(base)
+    first = json.loads(out.read_text())["runs"]["mqar/micro-gpt-tiny/0"]
+    assert first["lr"] == 3e-3 and "test/accuracy@256" in first["metrics"]
+    # 256 * 2**24 has low 32 bits 0, where seed 0's training items lie: that set's seeds moved up by 2**22
+    assert first["test_seeds"] == {"32": 2**62 + 32 * 2**24, "256": 2**62 + 256 * 2**24 + 2**22}
+    # as a sweep's seed 0 from before the move: no "test_seeds", its sweep's scores
+    old = {k: v for k, v in first.items() if k != "test_seeds"}
+    capabilities.add_record(out, "mqar/micro-gpt-tiny/0", {**old, "sweep": {"0.003": 0.75}})
+    capabilities.main([*base, "--list"])
+    assert "mqar/micro-gpt-tiny/0: to run again on today's test sets" in capsys.readouterr().out
+    capabilities.main(base)
+    again = json.loads(out.read_text())["runs"]["mqar/micro-gpt-tiny/0"]
+    assert again["sweep"] == {"0.003": 0.75} and again["test_seeds"] == first["test_seeds"]
+    assert again["metrics"] == first["metrics"]  # the same run, trained again, on the same (today's) sets
+    capabilities.main([*base, "--list"])
+    assert "mqar/micro-gpt-tiny/0: done" in capsys.readouterr().out
+    # tested at lengths whose sets never moved: no rerun, with or without "test_seeds"
+    assert not capabilities.stale_test({"data": {"init_args": {"test_lengths": [64, 128, 500]}}})
+    assert not capabilities.stale_test({"data": {"init_args": {}}})  # pixel MNIST, text: test sets they read
+
+
 def test_bench_steps_trains_off_the_budget_into_a_file_of_its_own_at_the_swept_rate(tmp_path, monkeypatch, capsys):
     """--steps: longer (or shorter) training than the equal budget's, at the rate the equal-budget file's sweep
     chose for the cell; its records say their steps, and never join the equal-budget file."""
@@ -659,6 +717,10 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
             _record("mqar", "quiet-gpt-tiny", 0, 0.25, lr=3e-3, sweep={"0.003": 0.3}),  # chosen before VAL_SEED moved
             _record("mqar", "elita-gpt-tiny", 0, 0.5, seconds=60, threads=1),
             _record("mqar", "elita-gpt-tiny", 1, 0.5, seconds=180, threads=2),
+            # tested at 256 before the test sets there moved off seed 0's training data (no "test_seeds"), and after
+            _record("mqar", "micro-gpt-tiny:alibi", 0, 0.5, data={"init_args": {"test_lengths": [64, 256]}}),
+            _record("mqar", "micro-gpt-tiny:alibi", 1, 0.5, data={"init_args": {"test_lengths": [64, 256]}},
+                    test_seeds=capabilities.test_seeds({"init_args": {"test_lengths": [64, 256]}})),
             _record("mqar_p8", "gpt-tiny", 0, 0.5), _record("mqar_p8", "gpt-tiny:w128", 0, 0.75),
             _record("mqar128_p16", "gpt-tiny", 0, 0.25)]
     tables = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})
@@ -670,7 +732,9 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert mqar[3] == "| `quiet-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept on test) | 1.0 |"
     assert mqar[4] == "| `micro-gpt-tiny` | 25.0 | 12.5 | 0 | 0.003 (swept) | 1.0 |"  # one seed: its value
     # minutes are averaged within a thread count, never across two
-    assert mqar[5] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
+    assert mqar[6] == "| `elita-gpt-tiny` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 | 0.001 | 1.0; 3.0 (2 threads) |"
+    # a run on the test sets from before they moved says so, until it has run again
+    assert mqar[5] == "| `micro-gpt-tiny:alibi` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 (old test sets: 0) | 0.001 | 1.0 |"
     # the grid: a row per model and width, pairs (and lengths past 64) across; a cell not run is "-"
     assert grid[0] == ("| model | width | 4 pairs | 8 pairs | 16 pairs | 8 pairs at 128 | 16 pairs at 128 | seeds | lr "
                        "| min per run |")
