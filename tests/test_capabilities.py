@@ -306,6 +306,8 @@ PINNED_LISTOPS = ("[SM 4 5 3 ]", 2)
     (lambda: MQAR(sequence_length=0), ["sequence_length", "between 1"]),
     (lambda: MQAR(num_pairs=4, num_queries=5, distinct_queries=True), ["num_queries must be <= num_pairs=4"]),
     (lambda: MQAR(power_a=0), ["power_a", "(0.0, 1.0]"]),
+    # a test set this large, moved off the training seeds, would reach validation's (zoo.data.sequences.MAX_FIXED)
+    (lambda: MQAR(test_samples=2**22 + 1), ["test_samples", "between 1 and 4194304", "got 4194305"]),
     (lambda: SelectiveCopying(sequence_length=20, num_tokens=16), ["sequence_length=20", ">= 32"]),
     (lambda: SelectiveCopying(vocab_size=2), ["vocab_size", "between 3"]),
     (lambda: InductionHeads(sequence_length=3), ["sequence_length must be >= 4", "got 3"]),
