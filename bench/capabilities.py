@@ -14,6 +14,8 @@
         --only 'mqar_p16/gpt-tiny/0'                 # off the equal budget: longer training, a file of its own
     python bench/capabilities.py --models gpt-tiny:alibi:bias_max2 --only 'mqar/*' \
         --out bench/results/capabilities_alibi_slopes.json  # a variant outside the suite: a file of its own
+    python bench/capabilities.py --readme README.md  # the tables into README's <!-- capabilities:TASK --> markers
+        # (with --out bench/results/capabilities_alibi_slopes.json: into <!-- capabilities_alibi_slopes:TASK -->)
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
@@ -459,15 +461,27 @@ def _about(records: list[dict]) -> list[str]:
 TEXT_BUCKETS = ("8-16", "64-128", "512-1024")  # positions early, middle and late in a 1,024-token window
 
 
+# the grid's models at its other widths ("gpt-tiny:w128"): rows of the grid's table, not of MQAR's
+GRID_VARIANTS = {f"{m}:w{w}" for m in GRID_MODELS for w in GRID_WIDTHS if w != SIZE["embed_dim"]}
+
+
+def _suite_order(model: str) -> tuple:
+    """A table's row order: the suite's models in MODELS' order, each variant outside the suite
+    ("gpt-tiny:alibi:bias_max2") after the suite model it varies, variants by their numbers (2, 2-8, 2-16, 4)."""
+    base = max((m for m in MODELS if model == m or model.startswith(m + ":")), key=len, default=None)
+    numbers = [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", model)]
+    return (MODELS.index(base) if base else len(MODELS), model != base, numbers)
+
+
 def markdown(results: dict) -> dict[str, str]:
     """The README's tables by name, one per task and "grid" for Zoology's grid, every figure from the JSON:
     test accuracy in % (loss in nats per character for text) as mean ± sample std over the seeds run, the
-    seeds, the learning rate and minutes per run. Models in the suite's order; "-": not tested (learned
-    positions)."""
+    seeds, the learning rate and minutes per run. Models in the suite's order, variants after theirs
+    (_suite_order); "-": not tested (learned positions)."""
     tables = {}
     for task, (data_name, _) in TASKS.items():
         cells = _by_cell(results, task)
-        models = [m for m in MODELS if m in cells]
+        models = sorted((m for m in cells if m not in GRID_VARIANTS), key=_suite_order)
         if task in GRID_TASKS[1:] or not models:
             continue
         text = data_name == "LongContextText"
@@ -508,13 +522,17 @@ def markdown(results: dict) -> dict[str, str]:
     return tables
 
 
-def fill_readme(text: str, tables: dict[str, str]) -> str:
-    """`text` with each table put between its markers, <!-- capabilities:NAME --> and <!-- /capabilities -->."""
+def fill_readme(text: str, tables: dict[str, str], source: str = OUT.stem) -> str:
+    """`text` with each table put between its markers, <!-- SOURCE:NAME --> and <!-- /capabilities -->.
+
+    SOURCE is the stem of the JSON the tables come from, so that the tables of another file (--out
+    bench/results/capabilities_alibi_slopes.json, or --tiny's) go where the README put them, or nowhere, and
+    never over the suite's own."""
     for name, table in tables.items():
-        start = f"<!-- capabilities:{name} -->"
+        start = f"<!-- {source}:{name} -->"
         head, found, rest = text.partition(start)
         if not found:
-            raise ValueError(f"README.md has no {start} marker for the {name} table: add one, and the closing "
+            raise ValueError(f"has no {start} marker for the {name} table: add one, and the closing "
                              "<!-- /capabilities --> after it, where the table goes")
         _, _, tail = rest.partition("<!-- /capabilities -->")
         text = f"{head}{start}\n{table}\n<!-- /capabilities -->{tail}"
@@ -573,7 +591,8 @@ def main(argv=None):
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
     parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
-                        "its <!-- capabilities:TASK --> and <!-- /capabilities --> markers")
+                        "its <!-- STEM:TASK --> and <!-- /capabilities --> markers, STEM the JSON's (--out) file "
+                        "name without .json: capabilities for the suite's")
     args = parser.parse_args(argv)
     if not 1 <= args.threads <= cores():
         parser.error(f"--threads takes a count from 1 to this process's {cores()} cores, not {args.threads}")
@@ -609,9 +628,11 @@ def main(argv=None):
         tables = markdown(results)
         if args.readme:
             try:
-                write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables))
-            except (OSError, ValueError) as error:
+                write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
+            except OSError as error:
                 parser.error(str(error))
+            except ValueError as error:  # which README, and which marker it lacks
+                parser.error(f"{args.readme} {error}")
         else:
             print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
         return

@@ -753,6 +753,20 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert capabilities.fill_readme(filled, tables) == filled
     with pytest.raises(ValueError, match="no <!-- capabilities:grid --> marker"):
         capabilities.fill_readme("a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->", tables)
+    # another file's tables go between markers named by its stem, never over the suite's own
+    slopes = capabilities.fill_readme(filled + "\n<!-- capabilities_alibi_slopes:mqar -->\n<!-- /capabilities -->",
+                                      {"mqar": "slope table"}, "capabilities_alibi_slopes")
+    assert slopes == filled + "\n<!-- capabilities_alibi_slopes:mqar -->\nslope table\n<!-- /capabilities -->"
+    with pytest.raises(ValueError, match="no <!-- capabilities_tiny:mqar --> marker"):
+        capabilities.fill_readme(filled, tables, "capabilities_tiny")
+    # variants outside the suite follow the suite model they vary, by their numbers; the grid's widths stay out
+    variants = [_record("mqar", m, 0, 0.5) for m in ("gpt-tiny:alibi:bias_max16", "gpt-tiny:alibi:bias_max2-16",
+                                                     "gpt-tiny:alibi:bias_max2", "gpt-tiny:w128", "micro-gpt-tiny",
+                                                     "gpt-tiny:alibi:bias_max2-8", "gpt-tiny:alibi", "gpt-tiny")]
+    rows = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/0": r for r in variants}})["mqar"]
+    assert [row.split("`")[1] for row in rows.splitlines()[2:]] == [
+        "gpt-tiny", "gpt-tiny:alibi", "gpt-tiny:alibi:bias_max2", "gpt-tiny:alibi:bias_max2-8",
+        "gpt-tiny:alibi:bias_max2-16", "gpt-tiny:alibi:bias_max16", "micro-gpt-tiny"]
     # a text window shorter than a bucket leaves that bucket "-" (the tiny suite's 64 characters)
     text = {**_record("stdlib", "micro-gpt-tiny", 0, 0.0), "metrics": {"test/loss": 2.5},
             "loss_by_position": {"8-16": 2.25, "32-64": 2.0}}
@@ -765,21 +779,34 @@ def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_p
 
     plain = tmp_path / "README.md"
     plain.write_text("# someone else's README\n")
-    for readme, message in [(plain, "has no <!-- capabilities:"), (tmp_path / "absent.md", "No such file")]:
+    for readme, message in [(plain, f"{plain} has no <!-- capabilities:"), (tmp_path / "absent.md", "No such file")]:
         with pytest.raises(SystemExit):
             capabilities.main(["--readme", str(readme)])
         assert message in capsys.readouterr().err
     assert plain.read_text() == "# someone else's README\n"  # untouched
+    # another file's tables (here --tiny's) find no markers of theirs in a README with only the suite's
+    suite = tmp_path / "suite.md"
+    suite.write_text("a\n<!-- capabilities:mqar -->\nthe suite's\n<!-- /capabilities -->\n")
+    other = tmp_path / "capabilities_tiny.json"
+    other.write_text(json.dumps({"runs": {"mqar/gpt-tiny/0": _record("mqar", "gpt-tiny", 0, 0.5)}}))
+    with pytest.raises(SystemExit):
+        capabilities.main(["--readme", str(suite), "--out", str(other)])
+    assert f"{suite} has no <!-- capabilities_tiny:mqar --> marker" in capsys.readouterr().err
+    assert "the suite's" in suite.read_text()
 
 
-def test_readme_capability_tables_are_the_jsons():
-    """Every figure in the README's capability tables comes from bench/results/capabilities.json: putting the
-    JSON's tables into the README (`python bench/capabilities.py --readme README.md`) changes nothing."""
+@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json"])
+def test_readme_capability_tables_are_the_jsons(name):
+    """Every figure in the README's capability tables comes from its JSON in bench/results: putting the JSON's
+    tables into the README (`python bench/capabilities.py --readme README.md`, with `--out` for another file)
+    changes nothing."""
     from bench import capabilities
 
-    readme = README.read_text()
-    tables = capabilities.markdown(capabilities.load(capabilities.OUT))
-    assert capabilities.fill_readme(readme, tables) == readme, "run: python bench/capabilities.py --readme README.md"
+    readme, out = README.read_text(), capabilities.RESULTS / name
+    tables = capabilities.markdown(capabilities.load(out))
+    command = "python bench/capabilities.py --readme README.md" + (f" --out bench/results/{name}"
+                                                                   if out != capabilities.OUT else "")
+    assert capabilities.fill_readme(readme, tables, out.stem) == readme, f"run: {command}"
 
 
 def _readme_words() -> str:
