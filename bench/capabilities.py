@@ -469,8 +469,8 @@ def _suite_order(model: str) -> tuple:
     """A table's row order: the suite's models in MODELS' order, each variant outside the suite
     ("gpt-tiny:alibi:bias_max2") after the suite model it varies, variants by their numbers (2, 2-8, 2-16, 4)."""
     base = max((m for m in MODELS if model == m or model.startswith(m + ":")), key=len, default=None)
-    numbers = [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", model)]
-    return (MODELS.index(base) if base else len(MODELS), model != base, numbers)
+    numbers = [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", model)]  # the base sorts first
+    return (MODELS.index(base) if base else len(MODELS), numbers)
 
 
 def markdown(results: dict) -> dict[str, str]:
@@ -534,7 +534,9 @@ def fill_readme(text: str, tables: dict[str, str], source: str = OUT.stem) -> st
         if not found:
             raise ValueError(f"has no {start} marker for the {name} table: add one, and the closing "
                              "<!-- /capabilities --> after it, where the table goes")
-        _, _, tail = rest.partition("<!-- /capabilities -->")
+        _, closed, tail = rest.partition("<!-- /capabilities -->")
+        if not closed:  # else everything after the marker would go with the old table
+            raise ValueError(f"has {start} but no <!-- /capabilities --> after it, where the {name} table ends")
         text = f"{head}{start}\n{table}\n<!-- /capabilities -->{tail}"
     return text
 
@@ -627,8 +629,9 @@ def main(argv=None):
     if args.markdown or args.readme:
         tables = markdown(results)
         if args.readme:
-            try:
-                write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
+            try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
+                with locked("readme"):
+                    write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
             except OSError as error:
                 parser.error(str(error))
             except ValueError as error:  # which README, and which marker it lacks

@@ -753,6 +753,10 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert capabilities.fill_readme(filled, tables) == filled
     with pytest.raises(ValueError, match="no <!-- capabilities:grid --> marker"):
         capabilities.fill_readme("a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->", tables)
+    # a marker never closed is refused: filling it would drop all that follows it
+    with pytest.raises(ValueError, match="has <!-- capabilities:grid --> but no <!-- /capabilities --> after it"):
+        capabilities.fill_readme("<!-- capabilities:mqar -->\n<!-- /capabilities -->\n<!-- capabilities:grid -->\n"
+                                 "## the next section", tables)
     # another file's tables go between markers named by its stem, never over the suite's own
     slopes = capabilities.fill_readme(filled + "\n<!-- capabilities_alibi_slopes:mqar -->\n<!-- /capabilities -->",
                                       {"mqar": "slope table"}, "capabilities_alibi_slopes")
@@ -793,6 +797,27 @@ def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_p
         capabilities.main(["--readme", str(suite), "--out", str(other)])
     assert f"{suite} has no <!-- capabilities_tiny:mqar --> marker" in capsys.readouterr().err
     assert "the suite's" in suite.read_text()
+
+
+def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypatch):
+    """Two --readme at once (the suite's tables and another file's) take turns: while one holds the README's
+    lock the other does not read it, so neither writes over the other's tables with a stale copy."""
+    import threading
+
+    from bench import capabilities, common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)  # the lock file goes here, not into the repository
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n")
+    out = tmp_path / "capabilities.json"
+    out.write_text(json.dumps({"runs": {"mqar/gpt-tiny/0": _record("mqar", "gpt-tiny", 0, 0.5)}}))
+    writer = threading.Thread(target=capabilities.main, args=(["--readme", str(readme), "--out", str(out)],))
+    with common.locked("readme"):
+        writer.start()
+        writer.join(timeout=5)
+        assert writer.is_alive() and "old" in readme.read_text()  # waiting on the lock, README untouched
+    writer.join()
+    assert "| `gpt-tiny` | 50.0 |" in readme.read_text()
 
 
 @pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json"])
