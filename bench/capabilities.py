@@ -8,6 +8,8 @@
     python bench/capabilities.py --grid --seeds 0    # Zoology's grid: MQAR against width and pairs
     python bench/capabilities.py --references stdlib # n-gram losses on a text task's test windows
     python bench/capabilities.py --sweep --only 'mqar/*'  # each cell's learning rate from a sweep at seed 0
+    python bench/capabilities.py --sweep --sweep-seeds 3 --only 'mqar/gpt-tiny/*' \
+        --out bench/results/capabilities_sweep_seeds.json  # the rate chosen on the mean of seeds 0, 1 and 2
     python bench/capabilities.py --markdown          # the README's tables: mean ± std over seeds, from the JSON
     python bench/capabilities.py --estimate --only 'listops/*' --seeds 0  # minutes a run would take here
     python bench/capabilities.py --grid --steps 8000 --out bench/results/capabilities_8000_steps.json \
@@ -26,6 +28,8 @@ instead of a number.
 The learning rate is the budget's 1e-3 unless the cell (task and model) was swept: `--sweep` trains seed 0
 at each of SWEEP_LRS (climbing on through SWEEP_CLIMB while the largest rate is the best), keeps the one with
 the best validation accuracy as seed 0's run, as Zoology does, and later seeds of that cell train at it.
+With --sweep-seeds K it trains seeds 0 to K-1 at each rate and chooses on their mean: one seed can choose a
+rate where it alone learns the task.
 Each run's record goes into bench/results/capabilities.json as soon as it ends (a temporary file,
 then a rename, under a lock), so the script can be stopped and started again: finished runs are
 skipped. Runs take one thread each unless --threads says otherwise.
@@ -332,49 +336,62 @@ def keep_estimates(rows: list[dict]) -> None:
                    {"rows": [r for r in earlier if (r["task"], r["model"]) not in fresh] + rows})
 
 
-def sweep_key(task: str, model: str, lr: float) -> str:
-    return f"{task}/{model}/0@{lr:g}"
+def sweep_key(task: str, model: str, lr: float, seed: int = 0) -> str:
+    return f"{task}/{model}/{seed}@{lr:g}"
 
 
-def sweep_point(results: dict, task: str, model: str, lr: float) -> dict | None:
-    return results.get("sweep", {}).get(sweep_key(task, model, lr))
+def sweep_point(results: dict, task: str, model: str, lr: float, seed: int = 0) -> dict | None:
+    return results.get("sweep", {}).get(sweep_key(task, model, lr, seed))
 
 
-def _best(points: list[dict]) -> dict:
-    """The sweep point with the best validation accuracy (ties: the lower validation loss, then the smaller rate)."""
-    def rank(record: dict) -> tuple:
-        loss = record["validation"]["val/loss"]  # a run that diverged (NaN or inf) loses every tie
-        return record["validation"]["val/accuracy"], -loss if math.isfinite(loss) else -math.inf, -record["lr"]
+def _rank(points: list[dict]) -> tuple:
+    """How good one rate is, from its points (one per sweep seed): the mean validation accuracy, ties going to
+    the lower mean validation loss, then to the smaller rate. A run that diverged (NaN or inf) loses every tie."""
+    losses = [p["validation"]["val/loss"] for p in points]
+    loss = statistics.mean(losses) if all(map(math.isfinite, losses)) else math.inf
+    return statistics.mean(p["validation"]["val/accuracy"] for p in points), -loss, -points[0]["lr"]
 
-    return max(points, key=rank)
+
+def _points(results: dict, task: str, model: str, rates: list[float], seeds: int) -> list[list[dict]] | None:
+    """Each rate's points on seeds 0 to seeds - 1; None while one is missing."""
+    points = [[sweep_point(results, task, model, lr, s) for s in range(seeds)] for lr in rates]
+    return None if any(None in at_rate for at_rate in points) else points
 
 
-def sweep_rates(results: dict, task: str, model: str) -> list[float]:
-    """The rates a cell's sweep trains seed 0 at: SWEEP_LRS, then each of SWEEP_CLIMB in turn while the largest
-    rate run so far is the best. Ends at the first rate not yet run (the one the sweep runs next)."""
+def sweep_rates(results: dict, task: str, model: str, seeds: int = 1) -> list[float]:
+    """The rates a cell's sweep trains its seeds at: SWEEP_LRS, then each of SWEEP_CLIMB in turn while the
+    largest rate run so far is the best. Ends at the first rate not yet run on every seed (the one the sweep
+    runs next)."""
     rates, climb = list(SWEEP_LRS), iter(SWEEP_CLIMB)
     while True:
-        points = [sweep_point(results, task, model, lr) for lr in rates]
-        if None in points or _best(points)["lr"] != rates[-1] or (higher := next(climb, None)) is None:
+        points = _points(results, task, model, rates, seeds)
+        if points is None or max(points, key=_rank) is not points[-1] or (higher := next(climb, None)) is None:
             return rates
         rates.append(higher)
 
 
-def chosen_lr(results: dict, task: str, model: str) -> float | None:
-    """A swept cell's learning rate: its best point on validation over sweep_rates; None until all have run."""
-    points = [sweep_point(results, task, model, lr) for lr in sweep_rates(results, task, model)]
-    return None if None in points else _best(points)["lr"]
+def chosen_lr(results: dict, task: str, model: str, seeds: int = 1) -> float | None:
+    """A swept cell's learning rate: the rate of sweep_rates whose points on `seeds` seeds score best on
+    validation (_rank); None until all have run."""
+    points = _points(results, task, model, sweep_rates(results, task, model, seeds), seeds)
+    return None if points is None else max(points, key=_rank)[0]["lr"]
 
 
-def sweep_scores(results: dict, task: str, model: str) -> dict[str, float]:
-    """Validation accuracy at each rate the cell's sweep ran, as seed 0's record lists them."""
-    return {f"{lr:g}": results["sweep"][sweep_key(task, model, lr)]["validation"]["val/accuracy"]
-            for lr in sweep_rates(results, task, model)}
+def sweep_scores(results: dict, task: str, model: str, seeds: int = 1) -> dict[str, float]:
+    """Validation accuracy at each rate the cell's sweep ran, the mean over its seeds, as its records list it."""
+    return {f"{lr:g}": statistics.mean(sweep_point(results, task, model, lr, s)["validation"]["val/accuracy"]
+                                       for s in range(seeds))
+            for lr in sweep_rates(results, task, model, seeds)}
+
+
+def sweep_seeds(results: dict, task: str, model: str) -> int:
+    """How many seeds the cell's sweep scored each rate on (--sweep-seeds), as its seed 0's record says."""
+    return results["runs"].get(f"{task}/{model}/0", {}).get("sweep_seeds", 1)
 
 
 def wanted_lr(results: dict, task: str, model: str, default: float) -> float:
     """The rate a cell's runs train at: its sweep's choice, else the budget's (`default`)."""
-    chosen = chosen_lr(results, task, model)
+    chosen = chosen_lr(results, task, model, sweep_seeds(results, task, model))
     return default if chosen is None else chosen
 
 
@@ -383,11 +400,12 @@ def stale_points(results: dict, task: str, model: str) -> list[str]:
     synthetic tasks' validation sequences were the first of their test sequences, so those points chose on test
     data, and no point on today's validation set compares with them."""
     return [key for key, record in results.get("sweep", {}).items()
-            if key.startswith(f"{task}/{model}/0@") and record.get("validation_seed") != VAL_SEED]
+            if key.rsplit("/", 1)[0] == f"{task}/{model}" and record.get("validation_seed") != VAL_SEED]
 
 
-def sweep(out: Path, task: str, model: str, tiny: bool) -> None:
-    """Train seed 0 at each rate of sweep_rates not yet run, then make the best on validation seed 0's run.
+def sweep(out: Path, task: str, model: str, tiny: bool, seeds: int = 1) -> None:
+    """Train seeds 0 to seeds - 1 at each rate of sweep_rates not yet run, then make each seed's run at the
+    rate that scores best on validation over those seeds (the mean) that seed's record.
     Stale points (stale_points) move to the JSON's "sweep_stale" section first, and their rates run again."""
     with locked(out.stem):
         results = load(out)
@@ -396,12 +414,14 @@ def sweep(out: Path, task: str, model: str, tiny: bool) -> None:
             for key in stale:
                 results.setdefault("sweep_stale", {})[key] = results["sweep"].pop(key)
             write_text_atomic(out, json.dumps(results, indent=2))
-    while (chosen := chosen_lr(results := load(out), task, model)) is None:
-        lr = next(lr for lr in sweep_rates(results, task, model) if sweep_point(results, task, model, lr) is None)
-        print(f"{sweep_key(task, model, lr)} ...", flush=True)
-        add_record(out, sweep_key(task, model, lr), run_one(task, model, 0, tiny, lr=lr), section="sweep")
-    add_record(out, f"{task}/{model}/0", {**results["sweep"][sweep_key(task, model, chosen)],
-                                          "sweep": sweep_scores(results, task, model)})
+    while (chosen := chosen_lr(results := load(out), task, model, seeds)) is None:
+        lr, seed = next((lr, s) for lr in sweep_rates(results, task, model, seeds) for s in range(seeds)
+                        if sweep_point(results, task, model, lr, s) is None)
+        print(f"{sweep_key(task, model, lr, seed)} ...", flush=True)
+        add_record(out, sweep_key(task, model, lr, seed), run_one(task, model, seed, tiny, lr=lr), section="sweep")
+    chose = {"sweep": sweep_scores(results, task, model, seeds)} | ({"sweep_seeds": seeds} if seeds > 1 else {})
+    for s in range(seeds):
+        add_record(out, f"{task}/{model}/{s}", {**results["sweep"][sweep_key(task, model, chosen, s)], **chose})
 
 
 def text_references(task: str, orders=(1, 2, 3, 4)) -> dict:
@@ -447,6 +467,8 @@ def _about(records: list[dict]) -> list[str]:
     swept = ""
     if chosen_by:  # a choice made on the validation sequences that were test sequences says so (stale_points)
         swept = " (swept)" if all(r.get("validation_seed") == VAL_SEED for r in chosen_by) else " (swept on test)"
+        if (seeds := chosen_by[0].get("sweep_seeds", 1)) > 1:
+            swept = swept.replace("swept", f"swept on {seeds} seeds")
     by_threads: dict[int, list[float]] = {}
     for r in records:
         by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)
@@ -580,6 +602,9 @@ def main(argv=None):
                         help=f"choose each cell's learning rate: seed 0 at {', '.join(f'{lr:g}' for lr in SWEEP_LRS)} "
                              f"(and on to {', '.join(f'{lr:g}' for lr in SWEEP_CLIMB)} while the largest is best), "
                              "the best on validation kept as seed 0's run (later seeds: run without --sweep)")
+    parser.add_argument("--sweep-seeds", type=int, default=1, metavar="K",
+                        help="with --sweep: train seeds 0 to K-1 at each rate, choose the rate whose mean validation "
+                             "accuracy over them is best, and keep each seed's run at it (default 1: seed 0 alone)")
     parser.add_argument("--estimate", action="store_true",
                         help="time a few training steps of each selected run and print minutes per run, against "
                              "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
@@ -639,9 +664,13 @@ def main(argv=None):
         else:
             print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
         return
+    if args.sweep_seeds != 1 and not args.sweep:
+        parser.error(f"--sweep-seeds {args.sweep_seeds} says how many seeds --sweep scores each rate on: add --sweep")
+    if args.sweep_seeds < 1:
+        parser.error(f"--sweep-seeds takes a count of seeds from 1, not {args.sweep_seeds}")
     if args.sweep and args.seeds not in (None, [0]):
         parser.error(f"--sweep runs seed 0 only, got --seeds {' '.join(map(str, args.seeds))}: later seeds train "
-                     "at the rate it chose, run them without --sweep")
+                     "at the rate it chose, run them without --sweep (or sweep on more seeds: --sweep-seeds)")
     seeds = [0] if args.sweep else args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
     if args.grid and (args.models or args.tiny):
         parser.error("--grid runs its own models and sizes: narrow it with --only, e.g. --only 'mqar_p8/*'")
@@ -677,16 +706,21 @@ def main(argv=None):
         if args.sweep:
             if stale_points(results, t, m):
                 return "to sweep again (its points chose on validation sequences that were test sequences)"
-            if chosen_lr(results, t, m) is None or record is None:
+            if chosen_lr(results, t, m, args.sweep_seeds) is None:
                 return "to sweep"
-            return "done" if record.get("sweep") == sweep_scores(results, t, m) else "to sweep"
+            chose = {"sweep": sweep_scores(results, t, m, args.sweep_seeds), "sweep_seeds": args.sweep_seeds}
+            records = [results["runs"].get(f"{t}/{m}/{seed}", {}) for seed in range(args.sweep_seeds)]
+            done = all({"sweep": r.get("sweep"), "sweep_seeds": r.get("sweep_seeds", 1)} == chose for r in records)
+            return "done" if done else "to sweep"
         if record is None:
             return "to run"
         if stale_test(record):
             return "to run again on today's test sets (those at multiples of 256 moved off seed 0's training data)"
         if record["steps"] != steps:
             return f"to run again for {steps} steps (this one ran {record['steps']})"
-        if record["lr"] == lr or (s == 0 and "sweep" in record):  # a sweep's seed 0 stands until a sweep redoes it
+        # a sweep's seeds stand until a sweep redoes them, while theirs is the sweep the cell's seed 0 was part of
+        in_sweep = "sweep" in record and s < record.get("sweep_seeds", 1) == sweep_seeds(results, t, m)
+        if record["lr"] == lr or in_sweep:
             return "done"
         return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
 
@@ -716,13 +750,14 @@ def main(argv=None):
                 continue
             try:
                 if args.sweep:
-                    sweep(out, t, m, args.tiny)
+                    sweep(out, t, m, args.tiny, args.sweep_seeds)
                     continue
                 print(f"{key} ...", flush=True)
                 record = run_one(t, m, s, args.tiny, lr=wanted_lr(rates or results, t, m, default_lr), steps=steps)
                 earlier = results["runs"].get(key)
                 if earlier and "sweep" in earlier and earlier["lr"] == record["lr"]:  # run again on moved test
-                    record["sweep"] = earlier["sweep"]  # sets only: the sweep's choice stands
+                    # sets only: the sweep's choice stands
+                    record.update({k: earlier[k] for k in ("sweep", "sweep_seeds") if k in earlier})
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)

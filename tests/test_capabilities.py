@@ -615,6 +615,76 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
         assert message in capsys.readouterr().err
 
 
+def test_bench_sweep_on_several_seeds_chooses_on_their_mean(tmp_path, capsys):
+    """--sweep-seeds K scores each rate on the mean of seeds 0 to K-1: a rate where seed 0 alone learns the task
+    loses to one where every seed does, and each seed's run at the chosen rate becomes its record."""
+    from bench import capabilities
+
+    def point(lr, acc, loss=1.0):
+        return {"lr": lr, "validation": {"val/accuracy": acc, "val/loss": loss}}
+
+    accuracy = {3e-4: [0.1, 0.1, 0.1], 1e-3: [0.9, 0.8, 0.9], 3e-3: [1.0, 0.1, 0.1], 1e-2: [0.5, 0.5, 0.4]}
+    sweep = {capabilities.sweep_key("induction_heads", "m", lr, s): point(lr, acc)
+             for lr, accs in accuracy.items() for s, acc in enumerate(accs)}
+    results = {"runs": {}, "sweep": sweep}
+    assert capabilities.chosen_lr(results, "induction_heads", "m") == 3e-3  # seed 0 alone: its lucky rate
+    assert capabilities.chosen_lr(results, "induction_heads", "m", 3) == 1e-3  # means 0.1, 0.867, 0.4, 0.467
+    assert capabilities.sweep_scores(results, "induction_heads", "m", 3) == pytest.approx(
+        {"0.0003": 0.1, "0.001": 2.6 / 3, "0.003": 0.4, "0.01": 1.4 / 3})
+    assert capabilities.chosen_lr(results, "induction_heads", "m", 4) is None  # seed 3 has not run
+    del sweep[capabilities.sweep_key("induction_heads", "m", 3e-4, 2)]
+    assert capabilities.chosen_lr(results, "induction_heads", "m", 3) is None  # nor has one point of seed 2
+    assert capabilities.sweep_rates(results, "induction_heads", "m", 3) == list(capabilities.SWEEP_LRS)
+    # the climb follows the mean too: the top rate best on average climbs on, best on seed 0 alone does not
+    sweep[capabilities.sweep_key("induction_heads", "m", 3e-4, 2)] = point(3e-4, 0.1)
+    for s, acc in enumerate([0.7, 0.99, 0.99]):
+        sweep[capabilities.sweep_key("induction_heads", "m", 1e-2, s)] = point(1e-2, acc)
+    assert capabilities.sweep_rates(results, "induction_heads", "m") == list(capabilities.SWEEP_LRS)
+    assert capabilities.sweep_rates(results, "induction_heads", "m", 3) == [*capabilities.SWEEP_LRS, 3e-2]
+    # ties on the mean accuracy go to the lower mean loss; a diverged seed loses them
+    tied = {capabilities.sweep_key("mqar", "m", lr, s): point(lr, acc, loss)
+            for lr, accs, losses in [(3e-4, [0.6, 0.8], [1.0, 1.0]), (1e-3, [0.8, 0.6], [0.5, 2.0]),
+                                     (3e-3, [0.7, 0.7], [0.6, 0.7]), (1e-2, [0.1, 0.1], [1.0, 1.0])]
+            for s, (acc, loss) in enumerate(zip(accs, losses))}
+    assert capabilities.chosen_lr({"sweep": tied}, "mqar", "m", 2) == 3e-3  # mean losses 1.0, 1.25, 0.65
+    tied[capabilities.sweep_key("mqar", "m", 3e-3, 1)]["validation"]["val/loss"] = math.inf
+    assert capabilities.chosen_lr({"sweep": tied}, "mqar", "m", 2) == 3e-4
+    # end to end on the tiny task, two seeds
+    out = tmp_path / "capabilities.json"
+    base = ["--tiny", "--only", "mqar/*", "--models", "micro-gpt-tiny", "--out", str(out)]
+    capabilities.main([*base, "--sweep", "--sweep-seeds", "2"])
+    results = json.loads(out.read_text())
+    rates = sorted({r["lr"] for r in results["sweep"].values()})
+    assert set(capabilities.SWEEP_LRS) <= set(rates)
+    assert set(results["sweep"]) == {f"mqar/micro-gpt-tiny/{s}@{lr:g}" for lr in rates for s in (0, 1)}
+    mean = {lr: (results["sweep"][f"mqar/micro-gpt-tiny/0@{lr:g}"]["validation"]["val/accuracy"]
+                 + results["sweep"][f"mqar/micro-gpt-tiny/1@{lr:g}"]["validation"]["val/accuracy"]) / 2
+            for lr in rates}
+    loss = {lr: (results["sweep"][f"mqar/micro-gpt-tiny/0@{lr:g}"]["validation"]["val/loss"]
+                 + results["sweep"][f"mqar/micro-gpt-tiny/1@{lr:g}"]["validation"]["val/loss"]) / 2
+            for lr in rates}
+    best = max(rates, key=lambda lr: (round(mean[lr], 12), -loss[lr], -lr))
+    for s in (0, 1):
+        record = results["runs"][f"mqar/micro-gpt-tiny/{s}"]
+        assert record["lr"] == best and record["seed"] == s and record["sweep_seeds"] == 2
+        assert record["sweep"] == pytest.approx({f"{lr:g}": mean[lr] for lr in rates})
+        assert record["metrics"] == results["sweep"][f"mqar/micro-gpt-tiny/{s}@{best:g}"]["metrics"]
+    capabilities.main([*base, "--sweep", "--sweep-seeds", "2", "--list"])
+    assert "mqar/micro-gpt-tiny/0: done" in capsys.readouterr().out
+    capabilities.main([*base, "--sweep", "--list"])  # swept on one seed, the choice would be seed 0's alone
+    assert "mqar/micro-gpt-tiny/0: to sweep" in capsys.readouterr().out
+    capabilities.main([*base, "--seeds", "1", "2", "--list"])  # seed 2 trains at the two seeds' choice
+    listed = capsys.readouterr().out
+    assert "mqar/micro-gpt-tiny/1: done" in listed and "mqar/micro-gpt-tiny/2: to run" in listed
+    assert capabilities.wanted_lr(results, "mqar", "micro-gpt-tiny", 1e-3) == best
+    assert capabilities.markdown(results)["mqar"].count(f"{best:g} (swept on 2 seeds)") == 1
+    for argv, message in [(["--sweep-seeds", "2"], "--sweep-seeds 2 says how many seeds --sweep scores"),
+                          (["--sweep", "--sweep-seeds", "0"], "--sweep-seeds takes a count of seeds from 1, not 0")]:
+        with pytest.raises(SystemExit):
+            capabilities.main([*base, *argv])
+        assert message in capsys.readouterr().err
+
+
 def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_sweep(tmp_path, monkeypatch, capsys):
     """Test sets at multiples of 256 moved off seed 0's training sequences: a record tested there before (no
     "test_seeds") is listed and run again at its rate; a swept seed 0 keeps its sweep, which chose on validation."""
@@ -820,7 +890,8 @@ def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypat
     assert "| `gpt-tiny` | 50.0 |" in readme.read_text()
 
 
-@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json"])
+@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json",
+                                  "capabilities_alibi_slopes_swept.json", "capabilities_sweep_seeds.json"])
 def test_readme_capability_tables_are_the_jsons(name):
     """Every figure in the README's capability tables comes from its JSON in bench/results: putting the JSON's
     tables into the README (`python bench/capabilities.py --readme README.md`, with `--out` for another file)
@@ -841,10 +912,11 @@ def _readme_words() -> str:
 
 def _swept_cells(results: dict) -> list[tuple[str, str]]:
     """(task, model) of every cell with a sweep point in a capabilities JSON."""
-    return sorted({tuple(key.split("/0@")[0].split("/", 1)) for key in results["sweep"]})
+    return sorted({tuple(key.rsplit("/", 1)[0].split("/", 1)) for key in results["sweep"]})
 
 
-@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes_swept.json"])
+@pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes_swept.json",
+                                  "capabilities_sweep_seeds.json"])
 def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
     """The README's "Not run yet" says how many swept cells of each file still chose on the old validation set
     (test sequences); that count is the JSON's, so it cannot go stale as cells are swept again."""
