@@ -693,8 +693,9 @@ def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_
     name, kwargs = capabilities.TINY_TASKS["mqar"]
     monkeypatch.setitem(capabilities.TINY_TASKS, "mqar", (name, {**kwargs, "test_lengths": [256]}))
     out = tmp_path / "capabilities.json"
-    swept = {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr): {"lr": lr, "validation": {
-        "val/accuracy": 0.75 if lr == 3e-3 else 0.5, "val/loss": 1.0}} for lr in capabilities.SWEEP_LRS}
+    swept = {capabilities.sweep_key("mqar", "micro-gpt-tiny", lr, seed): {"lr": lr, "validation": {
+        "val/accuracy": 0.75 if lr == 3e-3 else 0.5, "val/loss": 1.0}}
+        for lr in capabilities.SWEEP_LRS for seed in (0, 1)}
     out.write_text(json.dumps({"runs": {}, "sweep": swept}))
     base = ["--tiny", "--only", "mqar/micro-gpt-tiny/0", "--models", "micro-gpt-tiny", "--out", str(out)]
     capabilities.main(base)
@@ -702,14 +703,15 @@ def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_
     assert first["lr"] == 3e-3 and "test/accuracy@256" in first["metrics"]
     # 256 * 2**24 has low 32 bits 0, where seed 0's training items lie: that set's seeds moved up by 2**22
     assert first["test_seeds"] == {"32": 2**62 + 32 * 2**24, "256": 2**62 + 256 * 2**24 + 2**22}
-    # as a sweep's seed 0 from before the move: no "test_seeds", its sweep's scores
+    # as a two-seed sweep's seed 0 from before the move: no "test_seeds", its sweep's scores and seed count
     old = {k: v for k, v in first.items() if k != "test_seeds"}
-    capabilities.add_record(out, "mqar/micro-gpt-tiny/0", {**old, "sweep": {"0.003": 0.75}})
+    capabilities.add_record(out, "mqar/micro-gpt-tiny/0", {**old, "sweep": {"0.003": 0.75}, "sweep_seeds": 2})
     capabilities.main([*base, "--list"])
     assert "mqar/micro-gpt-tiny/0: to run again on today's test sets" in capsys.readouterr().out
     capabilities.main(base)
     again = json.loads(out.read_text())["runs"]["mqar/micro-gpt-tiny/0"]
-    assert again["sweep"] == {"0.003": 0.75} and again["test_seeds"] == first["test_seeds"]
+    assert again["sweep"] == {"0.003": 0.75} and again["sweep_seeds"] == 2
+    assert again["test_seeds"] == first["test_seeds"]
     assert again["metrics"] == first["metrics"]  # the same run, trained again, on the same (today's) sets
     capabilities.main([*base, "--list"])
     assert "mqar/micro-gpt-tiny/0: done" in capsys.readouterr().out
