@@ -135,6 +135,7 @@ SEEDS = (0, 1, 2)
 # The text tasks are not swept: their held-out text is their test text, no split to choose on
 SWEEP_LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 SWEEP_CLIMB = (3e-2, 1e-1)
+SWEEP_MARKS = ("sweep", "sweep_seeds")  # the keys a sweep adds to the records it chose (sweep_marks)
 VALIDATED = {"MQAR", "SelectiveCopying", "InductionHeads", "ListOps", "PixelMNIST"}  # tasks with a validation split
 # --tiny: every task at a size that runs in seconds, to check the pipeline end to end
 TINY_TASKS = {
@@ -384,6 +385,12 @@ def sweep_scores(results: dict, task: str, model: str, seeds: int = 1) -> dict[s
             for lr in sweep_rates(results, task, model, seeds)}
 
 
+def sweep_marks(results: dict, task: str, model: str, seeds: int) -> dict:
+    """What a sweep on `seeds` seeds writes into each of its records beside the run: the scores it chose on, and
+    the seed count where it is not 1 (so one-seed records stay as they were)."""
+    return {"sweep": sweep_scores(results, task, model, seeds)} | ({"sweep_seeds": seeds} if seeds > 1 else {})
+
+
 def sweep_seeds(results: dict, task: str, model: str) -> int:
     """How many seeds the cell's sweep scored each rate on (--sweep-seeds), as its seed 0's record says."""
     return results["runs"].get(f"{task}/{model}/0", {}).get("sweep_seeds", 1)
@@ -419,9 +426,9 @@ def sweep(out: Path, task: str, model: str, tiny: bool, seeds: int = 1) -> None:
                         if sweep_point(results, task, model, lr, s) is None)
         print(f"{sweep_key(task, model, lr, seed)} ...", flush=True)
         add_record(out, sweep_key(task, model, lr, seed), run_one(task, model, seed, tiny, lr=lr), section="sweep")
-    chose = {"sweep": sweep_scores(results, task, model, seeds)} | ({"sweep_seeds": seeds} if seeds > 1 else {})
+    marks = sweep_marks(results, task, model, seeds)
     for s in range(seeds):
-        add_record(out, f"{task}/{model}/{s}", {**results["sweep"][sweep_key(task, model, chosen, s)], **chose})
+        add_record(out, f"{task}/{model}/{s}", {**results["sweep"][sweep_key(task, model, chosen, s)], **marks})
 
 
 def text_references(task: str, orders=(1, 2, 3, 4)) -> dict:
@@ -466,9 +473,9 @@ def _about(records: list[dict]) -> list[str]:
     chosen_by = [r for r in records if "sweep" in r]
     swept = ""
     if chosen_by:  # a choice made on the validation sequences that were test sequences says so (stale_points)
-        swept = " (swept)" if all(r.get("validation_seed") == VAL_SEED for r in chosen_by) else " (swept on test)"
-        if (seeds := chosen_by[0].get("sweep_seeds", 1)) > 1:
-            swept = swept.replace("swept", f"swept on {seeds} seeds")
+        seeds = chosen_by[0].get("sweep_seeds", 1)
+        on_test = not all(r.get("validation_seed") == VAL_SEED for r in chosen_by)
+        swept = f" (swept{f' on {seeds} seeds' if seeds > 1 else ''}{' on test' if on_test else ''})"
     by_threads: dict[int, list[float]] = {}
     for r in records:
         by_threads.setdefault(r.get("threads", 1), []).append(r["train_seconds"] / 60)
@@ -708,9 +715,9 @@ def main(argv=None):
                 return "to sweep again (its points chose on validation sequences that were test sequences)"
             if chosen_lr(results, t, m, args.sweep_seeds) is None:
                 return "to sweep"
-            chose = {"sweep": sweep_scores(results, t, m, args.sweep_seeds), "sweep_seeds": args.sweep_seeds}
+            marks = sweep_marks(results, t, m, args.sweep_seeds)
             records = [results["runs"].get(f"{t}/{m}/{seed}", {}) for seed in range(args.sweep_seeds)]
-            done = all({"sweep": r.get("sweep"), "sweep_seeds": r.get("sweep_seeds", 1)} == chose for r in records)
+            done = all({k: r[k] for k in SWEEP_MARKS if k in r} == marks for r in records)
             return "done" if done else "to sweep"
         if record is None:
             return "to run"
@@ -757,7 +764,7 @@ def main(argv=None):
                 earlier = results["runs"].get(key)
                 if earlier and "sweep" in earlier and earlier["lr"] == record["lr"]:  # run again on moved test
                     # sets only: the sweep's choice stands
-                    record.update({k: earlier[k] for k in ("sweep", "sweep_seeds") if k in earlier})
+                    record.update({k: earlier[k] for k in SWEEP_MARKS if k in earlier})
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)
