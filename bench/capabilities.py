@@ -135,7 +135,7 @@ SEEDS = (0, 1, 2)
 # The text tasks are not swept: their held-out text is their test text, no split to choose on
 SWEEP_LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 SWEEP_CLIMB = (3e-2, 1e-1)
-SWEEP_MARKS = ("sweep", "sweep_seeds")  # the keys a sweep adds to the records it chose (sweep_marks)
+SWEEP_MARKS = ("sweep", "sweep_seeds")  # the keys a sweep adds to the records it chose (sweep_marks, marks_in)
 VALIDATED = {"MQAR", "SelectiveCopying", "InductionHeads", "ListOps", "PixelMNIST"}  # tasks with a validation split
 # --tiny: every task at a size that runs in seconds, to check the pipeline end to end
 TINY_TASKS = {
@@ -389,6 +389,11 @@ def sweep_marks(results: dict, task: str, model: str, seeds: int) -> dict:
     """What a sweep on `seeds` seeds writes into each of its records beside the run: the scores it chose on, and
     the seed count where it is not 1 (so one-seed records stay as they were)."""
     return {"sweep": sweep_scores(results, task, model, seeds)} | ({"sweep_seeds": seeds} if seeds > 1 else {})
+
+
+def marks_in(record: dict) -> dict:
+    """The sweep's marks (sweep_marks) a record carries; empty for a run no sweep chose."""
+    return {key: record[key] for key in SWEEP_MARKS if key in record}
 
 
 def sweep_seeds(results: dict, task: str, model: str) -> int:
@@ -717,7 +722,7 @@ def main(argv=None):
                 return "to sweep"
             marks = sweep_marks(results, t, m, args.sweep_seeds)
             records = [results["runs"].get(f"{t}/{m}/{seed}", {}) for seed in range(args.sweep_seeds)]
-            done = all({k: r[k] for k in SWEEP_MARKS if k in r} == marks for r in records)
+            done = all(marks_in(r) == marks for r in records)
             return "done" if done else "to sweep"
         if record is None:
             return "to run"
@@ -726,7 +731,8 @@ def main(argv=None):
         if record["steps"] != steps:
             return f"to run again for {steps} steps (this one ran {record['steps']})"
         # a sweep's seeds stand until a sweep redoes them, while theirs is the sweep the cell's seed 0 was part of
-        in_sweep = "sweep" in record and s < record.get("sweep_seeds", 1) == sweep_seeds(results, t, m)
+        its_seeds = record.get("sweep_seeds", 1)
+        in_sweep = "sweep" in record and s < its_seeds and its_seeds == sweep_seeds(results, t, m)
         if record["lr"] == lr or in_sweep:
             return "done"
         return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
@@ -764,7 +770,7 @@ def main(argv=None):
                 earlier = results["runs"].get(key)
                 if earlier and "sweep" in earlier and earlier["lr"] == record["lr"]:  # run again on moved test
                     # sets only: the sweep's choice stands
-                    record.update({k: earlier[k] for k in SWEEP_MARKS if k in earlier})
+                    record.update(marks_in(earlier))
             except FileNotFoundError as error:  # a task's data outside ZOO_DATA (MNIST, War and Peace)
                 parser.error(f"{key}: {error}")
             add_record(out, key, record)
