@@ -950,6 +950,8 @@ def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
         assert again[key]["validation"] == record["validation"], key
         for metric in ("test/accuracy", "test/loss"):  # each at the training length
             assert again[key]["metrics"][metric] == record["metrics"][metric], (key, metric)
+    if rerun == "capabilities_sweep_seeds.json":  # the README counts them, so a cell swept later must be counted
+        assert f"beyond that): {len(pairs)} of {len(pairs)}." in _readme_words()
 
 
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
