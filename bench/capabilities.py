@@ -511,7 +511,7 @@ def _suite_order(model: str) -> tuple:
 def markdown(results: dict) -> dict[str, str]:
     """The README's tables by name, every figure from the JSON: one per task (test accuracy in %, loss in nats
     per character for text, as mean ± sample std over the seeds run; the seeds, the learning rate and minutes per
-    run), "grid" for Zoology's grid, and "sweep" for what the sweeps chose from (sweep_rows). Models in the
+    run), "grid" for Zoology's grid, and "sweep" for what the sweeps chose from (sweep_table). Models in the
     suite's order, variants after theirs (_suite_order); "-": not tested (learned positions)."""
     tables = {}
     for task, (data_name, _) in TASKS.items():
@@ -554,15 +554,16 @@ def markdown(results: dict) -> dict[str, str]:
             seeds, rates, minutes = (" / ".join(_about(rs)[i] if rs else "-" for rs in records) for i in range(3))
             lines.append(f"| `{m}` | {w} | {' | '.join(shown)} | {seeds} | {rates} | {minutes} |")
         tables["grid"] = "\n".join(lines)
-    if swept := sweep_rows(results):
+    if swept := sweep_table(results):
         tables["sweep"] = swept
     return tables
 
 
-def sweep_rows(results: dict) -> str | None:
+def sweep_table(results: dict) -> str | None:
     """What the sweeps chose from: each swept cell's validation accuracy in % at every rate it ran (the mean
-    over the seeds it scored on, as its records carry it), the chosen rate in bold; None when nothing was swept."""
-    chosen = sorted((r for r in results["runs"].values() if r["seed"] == 0 and "sweep" in r),
+    over the seeds it scored on, as its records carry it), the chosen rate in bold; None when nothing was swept.
+    Tasks not in TASKS are left out, as from the task tables."""
+    chosen = sorted((r for r in results["runs"].values() if r["seed"] == 0 and "sweep" in r and r["task"] in TASKS),
                     key=lambda r: (list(TASKS).index(r["task"]), _suite_order(r["model"])))
     if not chosen:
         return None
@@ -570,7 +571,7 @@ def sweep_rows(results: dict) -> str | None:
     lines = [f"| task | model | {' | '.join(f'{lr:g}' for lr in rates)} | seeds |", "|---" * (len(rates) + 3) + "|"]
     for r in chosen:
         scores = {float(lr): f"{100 * v:.1f}" for lr, v in r["sweep"].items()}
-        shown = [f"**{scores[lr]}**" if lr == r["lr"] else scores.get(lr, "-") for lr in rates]
+        shown = [f"**{scores[lr]}**" if lr == r["lr"] and lr in scores else scores.get(lr, "-") for lr in rates]
         seeds = ", ".join(map(str, range(r.get("sweep_seeds", 1))))
         lines.append(f"| {r['task']} | `{r['model']}` | {' | '.join(shown)} | {seeds} |")
     return "\n".join(lines)

@@ -864,7 +864,8 @@ def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ra
             _record("mqar", "micro-gpt-tiny", 1, 0.35, lr=3e-3, sweep=three, sweep_seeds=3),
             _record("mqar", "gpt-tiny", 0, 1.0, lr=3e-3, sweep={"0.0003": 0.25, "0.001": 1.0, "0.003": 1.0,
                                                                  "0.01": 0.5}),
-            _record("mqar", "quiet-gpt-tiny", 0, 0.5)]
+            _record("mqar", "quiet-gpt-tiny", 0, 0.5),
+            _record("a_task_since_removed", "gpt-tiny", 0, 0.5, sweep={"0.001": 0.5})]
     rows = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})["sweep"]
     assert rows.splitlines() == [
         "| task | model | 0.0003 | 0.001 | 0.003 | 0.01 | 0.03 | 0.1 | seeds |",
@@ -872,7 +873,11 @@ def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ra
         "| mqar | `gpt-tiny` | 25.0 | 100.0 | **100.0** | 50.0 | - | - | 0 |",
         "| mqar | `micro-gpt-tiny` | 10.0 | 20.0 | **30.0** | 20.0 | - | - | 0, 1, 2 |",
         "| selective_copying | `gpt-tiny` | 25.0 | 50.0 | 75.0 | 87.5 | **90.0** | 12.5 | 0 |"]
-    assert "sweep" not in capabilities.markdown({"runs": {"mqar/quiet-gpt-tiny/0": runs[-1]}})
+    assert "sweep" not in capabilities.markdown({"runs": {"mqar/quiet-gpt-tiny/0": runs[-2]}})
+    # a record whose rate is none of its sweep's (a hand-edited file) shows its scores, none in bold
+    odd = _record("mqar", "gpt-tiny", 0, 0.5, lr=0.1, sweep={"0.001": 0.5, "0.003": 0.25})
+    assert capabilities.markdown({"runs": {"mqar/gpt-tiny/0": odd}})["sweep"].splitlines()[2] == (
+        "| mqar | `gpt-tiny` | 50.0 | 25.0 | 0 |")
 
 
 def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_path, capsys):
