@@ -965,9 +965,8 @@ def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
 def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
     """The README says a seeded run trained again repeats itself to the digit: each ALiBi split's sweep point at
     1e-3 its record at 1e-3, each seed-0 point of a three-seed sweep the suite's sweep point at that rate, where
-    the suite ran one. Both
-    runs are in bench/results, so the claim is checked there: validation and the training length (some first runs
-    were tested on the old test sets beyond it)."""
+    the suite ran one. Both runs are in bench/results, so the claim is checked there: validation and the training
+    length (some first runs were tested on the old test sets beyond it)."""
     from bench import capabilities
 
     again = capabilities.load(capabilities.RESULTS / rerun)["sweep"]
