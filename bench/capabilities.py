@@ -685,7 +685,11 @@ def main(argv=None):
     if (args.table or args.markdown or args.readme) and not results["runs"]:
         parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
-        tables = markdown(results)
+        try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
+            tables = markdown(results)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
+                         "give --out a file it wrote")
         if args.readme:
             try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
                 with locked("readme"):

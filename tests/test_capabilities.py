@@ -874,6 +874,10 @@ def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ra
         "| mqar | `micro-gpt-tiny` | 10.0 | 20.0 | **30.0** | 20.0 | - | - | 0, 1, 2 |",
         "| selective_copying | `gpt-tiny` | 25.0 | 50.0 | 75.0 | 87.5 | **90.0** | 12.5 | 0 |"]
     assert "sweep" not in capabilities.markdown({"runs": {"mqar/quiet-gpt-tiny/0": runs[-2]}})
+    # a score that is NaN (a diverged run's) reads "nan" in its cell, not a number or a failed table
+    diverged = _record("mqar", "gpt-tiny", 0, 0.5, lr=1e-3, sweep={"0.001": 0.5, "0.003": float("nan")})
+    assert capabilities.markdown({"runs": {"mqar/gpt-tiny/0": diverged}})["sweep"].splitlines()[2] == (
+        "| mqar | `gpt-tiny` | **50.0** | nan | 0 |")
     # a record whose rate is none of its sweep's (a hand-edited file) shows its scores, none in bold
     odd = _record("mqar", "gpt-tiny", 0, 0.5, lr=0.1, sweep={"0.001": 0.5, "0.003": 0.25})
     assert capabilities.markdown({"runs": {"mqar/gpt-tiny/0": odd}})["sweep"].splitlines()[2] == (
@@ -899,6 +903,24 @@ def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_p
         capabilities.main(["--readme", str(suite), "--out", str(other)])
     assert f"{suite} has no <!-- capabilities_tiny:mqar --> marker" in capsys.readouterr().err
     assert "the suite's" in suite.read_text()
+
+
+@pytest.mark.parametrize("bad", [{"sweep": {"fast": 0.5}},  # a rate that is not a number
+                                 {"sweep": {"0.001": "half"}},  # a score that is not one
+                                 {"metrics": None}])  # no metrics object
+def test_bench_tables_refuse_in_one_line_a_record_the_bench_did_not_write(tmp_path, capsys, bad):
+    from bench import capabilities
+
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n")
+    results = tmp_path / "edited.json"
+    results.write_text(json.dumps({"runs": {"mqar/gpt-tiny/0": {**_record("mqar", "gpt-tiny", 0, 0.5), **bad}}}))
+    for flag in (["--markdown"], ["--readme", str(readme)]):
+        with pytest.raises(SystemExit):
+            capabilities.main([*flag, "--out", str(results)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert f"{results} holds a record this bench did not write" in err[-1] and "Traceback" not in "".join(err)
+    assert readme.read_text() == "<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n"  # untouched
 
 
 def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypatch):
