@@ -1022,6 +1022,33 @@ def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
         assert len(same_cpu) == len(pairs)
 
 
+def test_readme_says_what_bench_cpu_kinds_found():
+    """The README's account of which models' bits move with the CPU's vector width is bench/cpu_kinds.py's table:
+    holding oneDNN one width lower moves every model with a GELU feed-forward, first at block 0's GELU, by the
+    range the README gives, and no ELiTA model; with oneDNN off its width moves nothing."""
+    results = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / "cpu_kinds.json").read_text())
+    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
+    lowered = next(v for v, env in results["variants"].items() if env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
+    off = next(v for v, env in results["variants"].items() if not env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
+    models = sorted({model for model, _ in rows})
+    assert {"gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "micro-gpt-tiny:alibi", "elita-gpt-tiny",
+            "elita-gpt-tiny:alibi"} <= set(models)
+    with_gelu = [model for model in models if not model.startswith("elita")]
+    for model in models:
+        moved = rows[model, lowered]
+        if model in with_gelu:
+            assert "this CPU" not in moved["weights equal to"] and moved["first module that differs"].endswith(
+                "(GELU)"), model
+        else:
+            assert moved["largest |change|"] == 0 and "this CPU" in moved["weights equal to"], model
+        assert "oneDNN off" in rows[model, off]["weights equal to"].split(", "), model
+    changes = [rows[model, lowered]["largest |change|"] for model in with_gelu]
+    readme = _readme_words()
+    width = results["variants"][lowered]["ONEDNN_MAX_CPU_ISA"]
+    assert f"On the {results['capability']} CPU above, holding oneDNN to {width}" in readme
+    assert f"by {min(changes):.0e} to {max(changes):.0e} at most".replace("e-0", "e-") in readme
+
+
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     """The README's note on the tie rule says how many swept cells tie on seed 0's best validation accuracy, that
     a loss difference under 0.003 nats decides each, and how many the middle of the tied rates would move; all

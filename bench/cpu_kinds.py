@@ -1,0 +1,176 @@
+"""Which ops give other bits on a CPU of another kind: the suite's models trained a few steps with PyTorch's
+libraries held to a narrower vector width than this CPU's, against the same steps at this CPU's own.
+
+    python bench/cpu_kinds.py                       # the six models below, 30 steps (about 2 minutes, 1 thread)
+    python bench/cpu_kinds.py --models micro-gpt-tiny --steps 5
+
+A capabilities run repeats its record to the digit on the same kind of CPU, and some do not on another kind
+(README, the three-seed sweep): an AVX2 CPU's kernels sum in another order than an AVX-512 CPU's. Which kernels?
+Each variant below runs in a fresh process (the libraries read these settings once, at start) and trains each
+model `--steps` steps from the same seed on the same random tokens with one thread; the table says to which other
+variants' weights its weights came out equal, bit for bit, and, against this CPU's own run, the largest change
+and the first module, in forward order, whose output on one batch before training differs. The variants: oneDNN
+(PyTorch's library for GELU, among others) held one width lower with ONEDNN_MAX_CPU_ISA; oneDNN switched off
+(`torch.backends.mkldnn.enabled = False`: PyTorch's own kernels instead), at this CPU's width and one lower; on an
+AVX-512 CPU also ATen's own kernels and zoo's (built for it, native.py) held to AVX2 with ATEN_CPU_CAPABILITY,
+beside oneDNN: an AVX2 CPU but for MKL. ATen is not held lower than AVX2: below it there is only its scalar
+fallback, which also draws other random numbers, so every weight would differ from the first. MKL's matrix
+products stay at this CPU's width: MKL_ENABLE_INSTRUCTIONS did not move one of their bits on an AVX2 CPU. ELiTA
+with ALiBi, which has no GELU, repeated its selective-copying runs to the digit on AVX2 and AVX-512 CPUs at every
+rate and its induction runs (a vocabulary of 256, not 16) at the three slowest only, so some kernel beside oneDNN's
+GELU rounds by width too; on an AVX2 CPU this script cannot hold it lower.
+Results go to bench/results/cpu_kinds.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.common import cpu_flags, in_subprocess, print_table, write_json  # noqa: E402
+
+MODELS = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "micro-gpt-tiny:alibi", "elita-gpt-tiny",
+          "elita-gpt-tiny:alibi"]
+# One width below this CPU's: ATen's capability -> oneDNN's name for the width below it
+LOWER = {"AVX512": "AVX2", "AVX2": "AVX"}
+VOCAB, LENGTH, BATCH = 16, 128, 8  # selective copying's
+
+
+def variants() -> dict[str, dict]:
+    """Each variant's environment and whether oneDNN is on, by name; only this CPU's own where it has no
+    narrower width to hold the libraries to."""
+    own = {"this CPU": {"env": {}, "onednn": True}}
+    lower = LOWER.get(torch.backends.cpu.get_cpu_capability())
+    if lower is None:
+        return own
+    return {**own,
+            f"oneDNN at {lower}": {"env": {"ONEDNN_MAX_CPU_ISA": lower}, "onednn": True},
+            "oneDNN off": {"env": {}, "onednn": False},
+            f"oneDNN off, at {lower}": {"env": {"ONEDNN_MAX_CPU_ISA": lower}, "onednn": False},
+            **({"ATen and oneDNN at AVX2": {"env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+                                            "onednn": True}} if lower == "AVX2" else {})}
+
+
+def digest(tensors) -> str:
+    sha = hashlib.sha256()
+    for t in tensors:
+        sha.update(t.detach().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:16]
+
+
+def module_outputs(net: torch.nn.Module, tokens: torch.Tensor) -> list[tuple[str, str, str]]:
+    """(name, class, digest of its output) of each innermost module of `net`, in the order they run on `tokens`."""
+    outputs = []
+
+    def record(module, inputs, output, name):
+        outputs.append((name, type(module).__name__, digest([output])))
+
+    hooks = [m.register_forward_hook(functools.partial(record, name=n))
+             for n, m in net.named_modules() if not list(m.children())]
+    with torch.no_grad():
+        net(tokens)
+    for hook in hooks:
+        hook.remove()
+    return outputs
+
+
+def worker(job: dict) -> dict:
+    """Train each model `steps` steps; the digest of its weights, each module's output digest on the first batch
+    (forward order), and the last loss."""
+    import safetensors.torch
+    import torch.nn.functional as F
+
+    import zoo
+    from bench.capabilities import model_spec
+
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = job["onednn"]
+    tokens = torch.randint(0, VOCAB, (job["steps"], BATCH, LENGTH + 1), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for model in job["models"]:
+        torch.manual_seed(0)
+        name, size = model_spec(model)
+        net = zoo.create(name, vocab_size=VOCAB, context_length=LENGTH, **size)
+        outputs = module_outputs(net, tokens[0, :, :-1])
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        for batch in tokens:
+            loss = F.cross_entropy(net(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        weights = Path(job["folder"]) / f"{job['variant']}-{model}.safetensors".replace(" ", "_").replace(":", "_")
+        safetensors.torch.save_file({n: p.detach().contiguous() for n, p in net.named_parameters()}, weights)
+        out[model] = {"weights": digest(net.parameters()), "file": str(weights), "outputs": outputs,
+                      "loss": loss.item()}
+    return out
+
+
+def first_difference(outputs: list, own: list) -> str:
+    """The first module, in forward order, whose output digest is not this CPU's own; "-" where none is."""
+    for (name, kind, sha), (_, _, own_sha) in zip(outputs, own):
+        if sha != own_sha:
+            return f"{name} ({kind})"
+    return "-"
+
+
+def largest_change(file: str, own_file: str) -> float:
+    import safetensors.torch
+
+    a, b = safetensors.torch.load_file(file), safetensors.torch.load_file(own_file)
+    return max((a[n] - b[n]).abs().max().item() for n in a if a[n].numel())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=MODELS, help="suite models, as bench/capabilities.py names them")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per model (default 30)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    from bench.capabilities import unbuildable
+
+    for model in args.models:
+        if why := unbuildable(model):
+            parser.error(f"--models: {model}: {why}")
+    runs = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for variant, setting in variants().items():
+            job = {"variant": variant, "models": args.models, "steps": args.steps, "onednn": setting["onednn"],
+                   "folder": folder}
+            runs[variant] = in_subprocess(__file__, job, env=setting["env"])
+            if "error" in runs[variant]:
+                sys.exit(f"bench/cpu_kinds.py: the run '{variant}' failed: {runs[variant]['error']}")
+        own = runs["this CPU"]
+        rows = [{"model": model, "variant": variant,
+                 "weights equal to": ", ".join(v for v, r in runs.items() if v != variant
+                                               and r[model]["weights"] == run[model]["weights"]) or "none",
+                 "largest |change|": largest_change(run[model]["file"], own[model]["file"]),
+                 "first module that differs": first_difference(run[model]["outputs"], own[model]["outputs"]),
+                 "loss": run[model]["loss"]}
+                for model in args.models for variant, run in runs.items()]
+    flags = cpu_flags()
+    print_table(f"{args.steps} steps from one seed, against this CPU's own run (ATen at "
+                f"{torch.backends.cpu.get_cpu_capability()}, cpu_flags {flags})", rows)
+    write_json("cpu_kinds", {"command": " ".join(["python bench/cpu_kinds.py", *sys.argv[1:]]), "cpu_flags": flags,
+                             "capability": torch.backends.cpu.get_cpu_capability(), "steps": args.steps,
+                             "threads per run": 1,
+                             "variants": {v: s["env"] | {"onednn": s["onednn"]} for v, s in variants().items()},
+                             "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
