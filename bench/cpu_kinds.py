@@ -71,8 +71,9 @@ def module_outputs(net: torch.nn.Module, tokens: torch.Tensor) -> list[tuple[str
     """(name, class, digest of its output) of each innermost module of `net`, in the order they run on `tokens`."""
     outputs = []
 
-    def record(module, inputs, output, name):
-        outputs.append((name, type(module).__name__, digest([output])))
+    def record(module, inputs, output, name):  # some layers return (output, state): every tensor of it counts
+        tensors = [t for t in (output if isinstance(output, (tuple, list)) else [output]) if torch.is_tensor(t)]
+        outputs.append((name, type(module).__name__, digest(tensors)))
 
     hooks = [m.register_forward_hook(functools.partial(record, name=n))
              for n, m in net.named_modules() if not list(m.children())]
