@@ -68,8 +68,9 @@ def current_rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def in_subprocess(script: str, job: dict, timeout: float = 900, env: dict | None = None) -> dict:
-    """Run `script --worker JOB` in a fresh process, so its peak memory is its own; `env` adds variables."""
+def in_subprocess(script: str, job: dict, timeout: float | None = 900, env: dict | None = None) -> dict:
+    """Run `script --worker JOB` in a fresh process, so its peak memory is its own; `env` adds variables;
+    timeout None waits as long as it takes."""
     out = subprocess.run(
         [sys.executable, script, "--worker", json.dumps(job)],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},

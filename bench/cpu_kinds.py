@@ -43,6 +43,7 @@ MODELS = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "micro-gpt-tiny:alibi"
 # One width below this CPU's: ATen's capability -> oneDNN's name for the width below it
 LOWER = {"AVX512": "AVX2", "AVX2": "AVX"}
 VOCAB, LENGTH, BATCH = 16, 128, 8  # selective copying's
+MAX_STEPS = 1000  # bits part within a step or two; 30 steps take about 1.5 minutes for the six models
 
 
 def variants() -> dict[str, dict]:
@@ -85,8 +86,8 @@ def module_outputs(net: torch.nn.Module, tokens: torch.Tensor) -> list[tuple[str
 
 
 def worker(job: dict) -> dict:
-    """Train each model `steps` steps; the digest of its weights, each module's output digest on the first batch
-    (forward order), and the last loss."""
+    """Train each model `steps` steps and save its weights in the job's folder; each module's output digest on the
+    first batch (forward order), the weights' file and the last loss."""
     import safetensors.torch
     import torch.nn.functional as F
 
@@ -95,23 +96,25 @@ def worker(job: dict) -> dict:
 
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = job["onednn"]
-    tokens = torch.randint(0, VOCAB, (job["steps"], BATCH, LENGTH + 1), generator=torch.Generator().manual_seed(1))
     out = {}
     for model in job["models"]:
         torch.manual_seed(0)
         name, size = model_spec(model)
         net = zoo.create(name, vocab_size=VOCAB, context_length=LENGTH, **size)
-        outputs = module_outputs(net, tokens[0, :, :-1])
+        tokens = torch.Generator().manual_seed(1)  # the same batches for every model and variant
+        batches = (torch.randint(0, VOCAB, (BATCH, LENGTH + 1), generator=tokens) for _ in range(job["steps"]))
         optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
-        for batch in tokens:
+        outputs = None
+        for batch in batches:
+            if outputs is None:
+                outputs = module_outputs(net, batch[:, :-1])
             loss = F.cross_entropy(net(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         weights = Path(job["folder"]) / f"{job['variant']}-{model}.safetensors".replace(" ", "_").replace(":", "_")
         safetensors.torch.save_file({n: p.detach().contiguous() for n, p in net.named_parameters()}, weights)
-        out[model] = {"weights": digest(net.parameters()), "file": str(weights), "outputs": outputs,
-                      "loss": loss.item()}
+        out[model] = {"file": str(weights), "outputs": outputs, "loss": loss.item()}
     return out
 
 
@@ -123,53 +126,59 @@ def first_difference(outputs: list, own: list) -> str:
     return "-"
 
 
-def largest_change(file: str, own_file: str) -> float:
-    import safetensors.torch
+def largest_change(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest |a - b| over two models' weights (0.0 where they are equal bit for bit)."""
+    return max(((a[n] - b[n]).abs().max().item() for n in a if a[n].numel()), default=0.0)
 
-    a, b = safetensors.torch.load_file(file), safetensors.torch.load_file(own_file)
-    return max((a[n] - b[n]).abs().max().item() for n in a if a[n].numel())
+
+def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[n], b[n]) for n in a)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=MODELS, help="suite models, as bench/capabilities.py names them")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per model (default 30)")
+    parser.add_argument("--steps", type=int, default=30,
+                        help=f"training steps per model, 1 to {MAX_STEPS} (default 30)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        parser.error(f"--steps must be 1 to {MAX_STEPS} (bits part within a step or two), got {args.steps}")
     from bench.capabilities import unbuildable
 
     for model in args.models:
         if why := unbuildable(model):
             parser.error(f"--models: {model}: {why}")
-    runs = {}
+    import safetensors.torch
+
+    settings, runs = variants(), {}
     with tempfile.TemporaryDirectory() as folder:
-        for variant, setting in variants().items():
+        for variant, setting in settings.items():
             job = {"variant": variant, "models": args.models, "steps": args.steps, "onednn": setting["onednn"],
                    "folder": folder}
-            runs[variant] = in_subprocess(__file__, job, env=setting["env"])
+            runs[variant] = in_subprocess(__file__, job, timeout=None, env=setting["env"])  # --steps bounds it
             if "error" in runs[variant]:
                 sys.exit(f"bench/cpu_kinds.py: the run '{variant}' failed: {runs[variant]['error']}")
-        own = runs["this CPU"]
-        rows = [{"model": model, "variant": variant,
-                 "weights equal to": ", ".join(v for v, r in runs.items() if v != variant
-                                               and r[model]["weights"] == run[model]["weights"]) or "none",
-                 "largest |change|": largest_change(run[model]["file"], own[model]["file"]),
-                 "first module that differs": first_difference(run[model]["outputs"], own[model]["outputs"]),
-                 "loss": run[model]["loss"]}
-                for model in args.models for variant, run in runs.items()]
+        weights = {(v, m): safetensors.torch.load_file(run[m]["file"]) for v, run in runs.items() for m in args.models}
+    own = runs["this CPU"]
+    rows = [{"model": model, "variant": variant,
+             "weights equal to": ", ".join(v for v in runs if v != variant
+                                           and equal(weights[v, model], weights[variant, model])) or "none",
+             "largest |change|": largest_change(weights[variant, model], weights["this CPU", model]),
+             "first module that differs": first_difference(run[model]["outputs"], own[model]["outputs"]),
+             "loss": run[model]["loss"]}
+            for model in args.models for variant, run in runs.items()]
     flags = cpu_flags()
     print_table(f"{args.steps} steps from one seed, against this CPU's own run (ATen at "
                 f"{torch.backends.cpu.get_cpu_capability()}, cpu_flags {flags})", rows)
     write_json("cpu_kinds", {"command": " ".join(["python bench/cpu_kinds.py", *sys.argv[1:]]), "cpu_flags": flags,
                              "capability": torch.backends.cpu.get_cpu_capability(), "steps": args.steps,
                              "threads per run": 1,
-                             "variants": {v: s["env"] | {"onednn": s["onednn"]} for v, s in variants().items()},
+                             "variants": {v: s["env"] | {"onednn": s["onednn"]} for v, s in settings.items()},
                              "rows": rows})
 
 

@@ -12,6 +12,7 @@ import json
 import math
 import random
 import re
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -1007,7 +1008,7 @@ def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
             again[key]["metrics"][metric] == pairs[key]["metrics"][metric]  # each at the training length
             for metric in ("test/accuracy", "test/loss"))
 
-    # to the digit on the same kind of CPU: the compiled kernels are built for its vector width (native.py)
+    # to the digit on the same kind of CPU only: some kernels round by its vector width (bench/cpu_kinds.py)
     same_cpu = [key for key in pairs if again[key].get("cpu_flags") == pairs[key].get("cpu_flags")]
     for key in same_cpu:
         assert repeats(key), key
@@ -1026,7 +1027,9 @@ def test_readme_says_what_bench_cpu_kinds_found():
     """The README's account of which models' bits move with the CPU's vector width is bench/cpu_kinds.py's table:
     holding oneDNN one width lower moves every model with a GELU feed-forward, first at block 0's GELU, by the
     range the README gives, and no ELiTA model; with oneDNN off its width moves nothing."""
-    results = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results" / "cpu_kinds.json").read_text())
+    from bench.common import RESULTS
+
+    results = json.loads((RESULTS / "cpu_kinds.json").read_text())
     rows = {(row["model"], row["variant"]): row for row in results["rows"]}
     lowered = next(v for v, env in results["variants"].items() if env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
     off = next(v for v, env in results["variants"].items() if not env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
@@ -1047,6 +1050,25 @@ def test_readme_says_what_bench_cpu_kinds_found():
     width = results["variants"][lowered]["ONEDNN_MAX_CPU_ISA"]
     assert f"On the {results['capability']} CPU above, holding oneDNN to {width}" in readme
     assert f"by {min(changes):.0e} to {max(changes):.0e} at most".replace("e-0", "e-") in readme
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be 1 to 1000 (bits part within a step or two), got 0"),
+    (["--steps", "10000000"], "--steps must be 1 to 1000 (bits part within a step or two), got 10000000"),
+    (["--steps", "nan"], "argument --steps: invalid int value: 'nan'"),
+    (["--models", "nope-gpt"], "--models: nope-gpt: unknown model 'nope-gpt'"),
+])
+def test_bench_cpu_kinds_refuses_bad_arguments_before_it_trains(argv, message, monkeypatch, capsys):
+    """A wrong count or model ends bench/cpu_kinds.py with its usage and one line naming the argument, before a
+    worker starts (an absurd --steps would otherwise run for days, each worker without a time limit)."""
+    from bench import cpu_kinds
+
+    monkeypatch.setattr(cpu_kinds, "in_subprocess", lambda *a, **k: pytest.fail("a worker started"))
+    monkeypatch.setattr(sys, "argv", ["cpu_kinds.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        cpu_kinds.main()
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
