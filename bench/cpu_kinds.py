@@ -127,8 +127,10 @@ def first_difference(outputs: list, own: list) -> str:
 
 
 def largest_change(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest |a - b| over two models' weights (0.0 where they are equal bit for bit)."""
-    return max(((a[n] - b[n]).abs().max().item() for n in a if a[n].numel()), default=0.0)
+    """The largest |a - b| over two models' weights (0.0 where they are equal bit for bit, nan where one holds a NaN:
+    torch's max keeps it, Python's would depend on the order)."""
+    changes = [(a[n] - b[n]).abs().max() for n in a if a[n].numel()]
+    return torch.stack(changes).max().item() if changes else 0.0
 
 
 def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

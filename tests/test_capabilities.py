@@ -1071,6 +1071,23 @@ def test_bench_cpu_kinds_refuses_bad_arguments_before_it_trains(argv, message, m
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_bench_cpu_kinds_compares_weights_bit_for_bit_and_keeps_a_nan():
+    """One float32 step apart is unequal; a NaN weight reads nan whatever the order of the weights (Python's max
+    would return the 1.0 of the first weight here), an inf one inf."""
+    from bench.cpu_kinds import equal, largest_change
+
+    def weights(first: float, second: list[float]) -> dict[str, torch.Tensor]:
+        return {"a": torch.tensor([first]), "w": torch.tensor(second), "empty": torch.zeros(0)}
+
+    own = weights(0.0, [1.0, 2.0])
+    assert equal(own, weights(0.0, [1.0, 2.0])) and largest_change(own, own) == 0.0
+    step = torch.nextafter(torch.tensor(2.0), torch.tensor(3.0)).item()
+    assert not equal(weights(0.0, [1.0, step]), own) and largest_change(weights(0.0, [1.0, step]), own) == 2.0 ** -22
+    with_nan, with_inf = weights(1.0, [float("nan"), 2.0]), weights(1.0, [1.0, float("inf")])
+    assert not equal(with_nan, own) and math.isnan(largest_change(with_nan, own))
+    assert not equal(with_inf, own) and largest_change(with_inf, own) == math.inf
+
+
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     """The README's note on the tie rule says how many swept cells tie on seed 0's best validation accuracy, that
     a loss difference under 0.003 nats decides each, and how many the middle of the tied rates would move; all
