@@ -1,7 +1,7 @@
 """Which ops give other bits on a CPU of another kind: the suite's models trained a few steps with PyTorch's
 libraries held to a narrower vector width than this CPU's, against the same steps at this CPU's own.
 
-    python bench/cpu_kinds.py                       # the six models below, 30 steps (about 2 minutes, 1 thread)
+    python bench/cpu_kinds.py                       # the six models below, 30 steps (about 1.5 minutes, 1 thread)
     python bench/cpu_kinds.py --models micro-gpt-tiny --steps 5
 
 A capabilities run repeats its record to the digit on the same kind of CPU, and some do not on another kind
