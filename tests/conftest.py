@@ -13,11 +13,11 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get(
 
 
 def pytest_configure(config):
-    # The compiled kernels build once per machine and torch version (about 40 s on 2 cores with an empty cache),
-    # and no build uses both cores throughout. pytest itself (xdist's controller, which runs no tests) starts it
-    # at once, beside the workers' start-up and collection; a test that needs the kernels waits on the build's lock.
-    # Not a daemon thread: killed at exit, it would leave its compilers running on a half-built folder; so a short
-    # run on an empty cache waits for the build to end before pytest exits.
+    # The compiled kernels build once per machine and torch version (about 20 s on 2 cores with an empty cache:
+    # the bindings and the kernels, two units side by side). pytest itself (xdist's controller, which runs no
+    # tests) starts it at once, beside the workers' start-up and collection; a test that needs the kernels waits
+    # on the build's lock. Not a daemon thread: killed at exit, it would leave its compilers running on a
+    # half-built folder; so a short run on an empty cache waits for the build to end before pytest exits.
     if "PYTEST_XDIST_WORKER" not in os.environ and not config.option.collectonly:
         from zoo.attention import native
 

@@ -26,8 +26,8 @@
 
 namespace {
 
-void check_inputs(const char* kernel, const at::Tensor& l, const at::Tensor& r, const at::Tensor& v,
-                  const at::Tensor& A0, const at::Tensor& M0, int64_t B, int64_t L, int64_t H, int64_t D) {
+void check_elita_inputs(const char* kernel, const at::Tensor& l, const at::Tensor& r, const at::Tensor& v,
+                        const at::Tensor& A0, const at::Tensor& M0, int64_t B, int64_t L, int64_t H, int64_t D) {
   zoo::check_tensor(kernel, "l", l, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "r", r, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "v", v, {B, L, H, D}, {at::kFloat, at::kBFloat16, at::kHalf});
@@ -60,7 +60,7 @@ std::vector<at::Tensor> elita_scan_forward(const at::Tensor& l, const at::Tensor
                                            const at::Tensor& M0) {
   const auto n = zoo::sizes_of("elita_scan_forward", "v", v, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
-  check_inputs("elita_scan_forward", l, r, v, A0, M0, B, L, H, D);
+  check_elita_inputs("elita_scan_forward", l, r, v, A0, M0, B, L, H, D);
   auto y = at::empty(v.sizes(), v.options().dtype(at::kFloat));
   auto A_last = A0.clone();
   auto M_last = M0.clone();
@@ -103,7 +103,7 @@ std::vector<at::Tensor> elita_scan_backward(const at::Tensor& gy, const at::Tens
                                             const at::Tensor& A0, const at::Tensor& M0) {
   const auto n = zoo::sizes_of("elita_scan_backward", "v", v, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
-  check_inputs("elita_scan_backward", l, r, v, A0, M0, B, L, H, D);
+  check_elita_inputs("elita_scan_backward", l, r, v, A0, M0, B, L, H, D);
   zoo::check_tensor("elita_scan_backward", "gy", gy, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor("elita_scan_backward", "gA_last", gA_last, {B, H}, {at::kFloat});
   zoo::check_tensor("elita_scan_backward", "gM_last", gM_last, {B, H, D}, {at::kFloat});

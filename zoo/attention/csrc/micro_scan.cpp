@@ -23,8 +23,8 @@
 
 namespace {
 
-void check_inputs(const char* kernel, const at::Tensor& x, const at::Tensor& s, const at::Tensor& S0,
-                  const at::Tensor& z0, int64_t B, int64_t L, int64_t H, int64_t D) {
+void check_micro_inputs(const char* kernel, const at::Tensor& x, const at::Tensor& s, const at::Tensor& S0,
+                        const at::Tensor& z0, int64_t B, int64_t L, int64_t H, int64_t D) {
   zoo::check_tensor(kernel, "x", x, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor(kernel, "s", s, {B, L, H}, {at::kFloat});
   zoo::check_tensor(kernel, "S0", S0, {B, H, D}, {at::kFloat});
@@ -38,7 +38,7 @@ std::vector<at::Tensor> micro_scan_forward(const at::Tensor& x, const at::Tensor
                                            const at::Tensor& S0, const at::Tensor& z0) {
   const auto n = zoo::sizes_of("micro_scan_forward", "x", x, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
-  check_inputs("micro_scan_forward", x, s, S0, z0, B, L, H, D);
+  check_micro_inputs("micro_scan_forward", x, s, S0, z0, B, L, H, D);
   auto d = at::empty_like(x);
   auto S_last = S0.clone();
   auto z_last = z0.clone();
@@ -77,7 +77,7 @@ std::vector<at::Tensor> micro_scan_backward(const at::Tensor& gd, const at::Tens
                                             const at::Tensor& z0) {
   const auto n = zoo::sizes_of("micro_scan_backward", "x", x, 4);
   const int64_t B = n[0], L = n[1], H = n[2], D = n[3];
-  check_inputs("micro_scan_backward", x, s, S0, z0, B, L, H, D);
+  check_micro_inputs("micro_scan_backward", x, s, S0, z0, B, L, H, D);
   zoo::check_tensor("micro_scan_backward", "gd", gd, {B, L, H, D}, {at::kFloat});
   zoo::check_tensor("micro_scan_backward", "gS_last", gS_last, {B, H, D}, {at::kFloat});
   zoo::check_tensor("micro_scan_backward", "gz_last", gz_last, {B, H}, {at::kFloat});
