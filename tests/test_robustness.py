@@ -414,6 +414,22 @@ def test_parameter_count_before_allocation_is_exact():
         assert parameter_count(e.cls, e.kwargs) == built, name
 
 
+def test_a_model_with_per_block_short_convolutions_and_one_attention_loads_back(tmp_path):
+    """short_conv lists one width per block as a hybrid's attention does, so the parameter budget builds the model
+    whole rather than from a depth-0 and a depth-1 one (neither takes four widths: such a model saved, and its
+    release failed to load)."""
+    from zoo.models.arguments import parameter_count
+
+    model = zoo.create("gpt-tiny", short_conv=[0, 0, 0, 4])
+    convs = sum(p.numel() for n, p in model.named_parameters() if "conv" in n)
+    assert convs > 0 and parameter_count(type(model), {**model.config, "tokenizer": None}) == \
+        sum(p.numel() for p in zoo.create("gpt-tiny").parameters()) + convs
+    again = zoo.load(model.save_pretrained(tmp_path / "m"))
+    assert again.short_convs == [0, 0, 0, 4]
+    ids = torch.randint(0, model.vocab_size, (2, 9))
+    torch.testing.assert_close(again(ids), model.eval()(ids), rtol=0, atol=0)
+
+
 def test_a_config_json_bomb_is_refused(tmp_path):
     folder = zoo.create("fused-1d-tiny").save_pretrained(tmp_path / "m")
     config = json.loads((folder / "config.json").read_text())

@@ -66,11 +66,15 @@ def label_names(names, num_classes: int, owner: str) -> list[str] | None:
     return list(names)
 
 
+# the arguments that may list one value per block (a depth-0 or depth-1 model cannot take a list for four)
+PER_BLOCK = ("attention", "mlp", "attention_options", "short_conv")
+
+
 def parameter_count(cls: type, args: dict) -> int:
     """The parameters `cls(**args)` would have, counted on the meta device (nothing allocated).
 
     Blocks are alike, so a deep model is counted from depth 0 and depth 1 rather than built; one with a list of
-    attentions, mlps or attention_options (a hybrid, whose blocks differ) is built whole on the meta device.
+    attentions, mlps, attention_options or short_conv widths (blocks that differ) is built whole on the meta device.
     """
     def count(**changes) -> int:
         try:
@@ -80,7 +84,7 @@ def parameter_count(cls: type, args: dict) -> int:
             raise ValueError(f"{cls.__name__}'s sizes are too large to allocate: {error}") from None
 
     depth = args.get("depth")
-    per_block = any(isinstance(args.get(key), (list, tuple)) for key in ("attention", "mlp", "attention_options"))
+    per_block = any(isinstance(args.get(key), (list, tuple)) for key in PER_BLOCK)
     if not isinstance(depth, int) or isinstance(depth, bool) or depth <= 1 or per_block:  # a hybrid's blocks differ
         return count()
     base = count(depth=0)
