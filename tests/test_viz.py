@@ -221,7 +221,7 @@ def test_line_panels_put_each_series_in_its_own_panel():
         [([0, 100], [0.1, 0.9])], [([0, 100], [0.0, 0.7]), ([0], [0.2])]]
 
 
-def test_learned_mask_pictures_are_the_parameters():
+def test_learned_mask_pictures_are_the_parameters(monkeypatch):
     model = zoo.create("quiet-vit-tiny", learned_bias=True)
     with torch.no_grad():
         for block in model.blocks:
@@ -233,6 +233,13 @@ def test_learned_mask_pictures_are_the_parameters():
     np.testing.assert_array_equal(drawn["learned_mask_query"][1]["bias"], bias[:, :, centre, 1:])
     corner = pictures(model, query=48)["learned_mask_query"][1]["bias"]
     np.testing.assert_array_equal(corner, bias[:, :, 1 + 48, 1:])
+    from zoo.viz import figures
+
+    def drawn_first(*args, **kwargs):
+        raise AssertionError("a picture was drawn before the bad query was refused")
+
+    for name in ("filters_figure", "similarity_figure", "heatmaps_figure"):
+        monkeypatch.setattr(figures, name, drawn_first)
     with pytest.raises(ValueError, match=r"query must be a patch index in \[0, 49\)"):
         pictures(model, query=49)
 
