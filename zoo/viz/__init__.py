@@ -77,7 +77,8 @@ def pictures(model: nn.Module, x: torch.Tensor | None = None, include_model: boo
 def _model_pictures(model: nn.Module, grid, query: int | None = None) -> dict[str, tuple]:
     out = {}
     learned_mask = any(getattr(m, "attn_bias", None) is not None for m in model.modules())
-    if learned_mask and grid is not None and len(grid) == 2:  # the query patch, checked before anything is drawn
+    over_grid = learned_mask and grid is not None and len(grid) == 2  # one query patch's row, drawn over the grid
+    if over_grid:  # the query patch, checked before anything is drawn
         patches = grid[0] * grid[1]
         query = (grid[0] // 2) * grid[1] + grid[1] // 2 if query is None else query
         if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < patches:
@@ -97,7 +98,7 @@ def _model_pictures(model: nn.Module, grid, query: int | None = None) -> dict[st
         labels = [f"layer {i} head {h}" for i in range(bias.shape[0]) for h in range(bias.shape[1])]
         out["learned_mask"] = (figures.heatmaps_figure(bias.flatten(0, 1), labels, title="learned attention mask"),
                                {"bias": bias.numpy()})
-        if grid is not None and len(grid) == 2:  # one query patch's row, over the image grid
+        if over_grid:
             prefix = getattr(model, "num_prefix_tokens", 0)
             row = bias[:, :, prefix + query, prefix:]  # (layers, heads, patches)
             out["learned_mask_query"] = (figures.heatmaps_figure(row.flatten(0, 1), labels, grid,
