@@ -156,6 +156,23 @@ def test_build_kernels_refuses_when_turned_off(monkeypatch):
                                           "build them"
 
 
+@pytest.mark.slow  # two first builds of the kernels at once, about 30 s on 2 cores
+def test_two_build_kernels_at_once_on_an_empty_cache_build_once(tmp_path):
+    """Both processes end with working kernels; the second waits on the build's lock and loads the first's, so
+    exactly one says it is building (the build is two compiler units side by side, bindings.cpp and kernels.cpp)."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    check = ("import sys, torch; from zoo.cli import main; from zoo.attention import native; main(['build-kernels']); "
+             "x = torch.randn(3, 9); assert torch.allclose(native.softmax_one(x), "
+             "x.exp() / (1 + x.exp().sum(-1, keepdim=True)), atol=1e-6)")
+    runs = [subprocess.Popen([sys.executable, "-c", check], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outs]
+    assert sum("building the compiled CPU kernels once" in err for _, err in outs) == 1, outs
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in folder.glob("*.o")) == ["bindings.o", "kernels.o"]
+
+
 def test_no_spurious_warning_from_lightnings_cli(tmp_path):
     out = subprocess.run([sys.executable, "-m", "zoo.cli", "fit", "--config", "quickstart", *QUICK,
                           "--trainer.default_root_dir", str(tmp_path), "--model.init_args.lr", "-1"],

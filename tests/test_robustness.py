@@ -429,6 +429,18 @@ def test_a_model_with_per_block_short_convolutions_and_one_attention_loads_back(
     assert again.short_convs == [0, 0, 0, 4]
     ids = torch.randint(0, model.vocab_size, (2, 9))
     torch.testing.assert_close(again(ids), model.eval()(ids), rtol=0, atol=0)
+    # a config.json whose list is edited is refused naming the file, the argument and the block
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    for widths, error in (([0, 4], "short_conv lists 2 widths, but depth=4"),
+                          ([0, 0, 0, 10**9], r"short_conv\[3\] \(block 3\) must be between 0 and 64, got 1000000000"),
+                          ([0, 0, 0, -1], r"short_conv\[3\] \(block 3\) must be between 0 and 64, got -1"),
+                          ([0, 0, 0, float("nan")], r"short_conv\[3\] \(block 3\) must be an integer, got nan"),
+                          ([0, 0, 0, "4"], r"short_conv\[3\] \(block 3\) must be an integer, got '4'")):
+        (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "args": {**config["args"],
+                                                                                 "short_conv": widths}}))
+        with pytest.raises((TypeError, ValueError), match=error) as refused:
+            zoo.load(tmp_path / "m")
+        assert str(tmp_path / "m" / "config.json") in str(refused.value)
 
 
 def test_a_config_json_bomb_is_refused(tmp_path):

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -242,6 +243,10 @@ def test_learned_mask_pictures_are_the_parameters(monkeypatch):
         monkeypatch.setattr(figures, name, drawn_first)
     with pytest.raises(ValueError, match=r"query must be a patch index in \[0, 49\)"):
         pictures(model, query=49)
+    for bad in (-1, True, 3.0, "3", float("nan")):
+        with pytest.raises(ValueError, match=r"query must be a patch index in \[0, 49\) on the 7 x 7 grid, got "
+                                             + re.escape(repr(bad))):
+            pictures(model, query=bad)
 
 
 def test_pictures_refuse_what_is_not_there():
