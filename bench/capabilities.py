@@ -508,11 +508,12 @@ def _suite_order(model: str) -> tuple:
     return (MODELS.index(base) if base else len(MODELS), numbers)
 
 
-def markdown(results: dict) -> dict[str, str]:
+def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
     """The README's tables by name, every figure from the JSON: one per task (test accuracy in %, loss in nats
     per character for text, as mean ± sample std over the seeds run; the seeds, the learning rate and minutes per
-    run), "grid" for Zoology's grid, and "sweep" for what the sweeps chose from (sweep_table). Models in the
-    suite's order, variants after theirs (_suite_order); "-": not tested (learned positions)."""
+    run), "grid" for Zoology's grid, "sweep" for what the sweeps chose from (sweep_table), and "repeats" for how
+    its seed-0 sweep points repeat those of `first`, the equal-budget file (repeat_table). Models in the suite's
+    order, variants after theirs (_suite_order); "-": not tested (learned positions)."""
     tables = {}
     for task, (data_name, _) in TASKS.items():
         cells = _by_cell(results, task)
@@ -556,6 +557,8 @@ def markdown(results: dict) -> dict[str, str]:
         tables["grid"] = "\n".join(lines)
     if swept := sweep_table(results):
         tables["sweep"] = swept
+    if first is not None and (repeated := repeat_table(results, first)):
+        tables["repeats"] = repeated
     return tables
 
 
@@ -574,6 +577,65 @@ def sweep_table(results: dict) -> str | None:
         shown = [f"**{scores[lr]}**" if lr == r["lr"] and lr in scores else scores.get(lr, "-") for lr in rates]
         seeds = ", ".join(map(str, range(r.get("sweep_seeds", 1))))
         lines.append(f"| {r['task']} | `{r['model']}` | {' | '.join(shown)} | {seeds} |")
+    return "\n".join(lines)
+
+
+def _measured_on(record: dict, length: int) -> int:
+    """The seed of the first sequence of the test set a record was tested on at `length` (stale_test)."""
+    return (record.get("test_seeds") or {}).get(str(length), TEST_SEED + length * 2**24)
+
+
+def repeats(again: dict, first: dict) -> bool:
+    """Whether a seeded run trained again repeats the first to the digit: validation, and test accuracy and loss
+    at the training length (a first run may have been tested on older sets beyond it)."""
+    return again["validation"] == first["validation"] and all(
+        again["metrics"][m] == first["metrics"][m] for m in ("test/accuracy", "test/loss"))
+
+
+def _difference(again: dict, first: dict) -> str:
+    """The first figure in which two runs of one seed part, as "this run / the first": validation accuracy in %,
+    else its loss in nats (after the accuracy both share), else test accuracy and loss at the training length."""
+    figures = [("%", 100.0, 2, "val/accuracy", "validation"), (" nats", 1.0, 5, "val/loss", "validation"),
+               ("% on test", 100.0, 2, "test/accuracy", "metrics"), (" nats on test", 1.0, 5, "test/loss", "metrics")]
+    shown = [(unit, *(f"{scale * run[section][name]:.{digits}f}" for run in (again, first)))
+             for unit, scale, digits, name, section in figures]
+    unit, a, b = next((figure for figure in shown if figure[1] != figure[2]), shown[-1])
+    shared = "" if unit == "%" else f"{100 * again['validation']['val/accuracy']:.2f}% both, "
+    return f"{shared}{a} / {b}{unit}"
+
+
+def repeat_table(results: dict, first: dict) -> str | None:
+    """How each swept cell's seed-0 points repeat the sweep points of the same cell, rate and seed in `first`
+    (the file whose sweeps ran seed 0 alone): per cell, the CPU kind against the first run's (a rerun repeats to
+    the digit only on the same kernels: bench/cpu_kinds.py), the rates that repeat (repeats), marked with the
+    longer lengths where their test accuracy still differs, and those that do not with the figure that parts
+    first (_difference). None when no point has one in `first` to repeat."""
+    cells: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for key, point in results.get("sweep", {}).items():
+        if key.split("@")[0].endswith("/0") and key in first.get("sweep", {}) and point["task"] in TASKS:
+            cells.setdefault((point["task"], point["model"]), []).append((point, first["sweep"][key]))
+    if not cells:
+        return None
+    lines = ["| task | model | CPU | rates that repeat to the digit | rates that part: this run / the suite's |",
+             "|---|---|---|---|---|"]
+    for task, model in sorted(cells, key=lambda c: (list(TASKS).index(c[0]), _suite_order(c[1]))):
+        pairs = sorted(cells[task, model], key=lambda pair: pair[0]["lr"])
+        kinds = {again.get("cpu_flags") == before.get("cpu_flags") for again, before in pairs}
+        cpu = "same kind" if kinds == {True} else "another kind" if kinds == {False} else "both kinds"
+        repeated, parted = [], []
+        for again, before in pairs:
+            if not repeats(again, before):
+                parted.append(f"{again['lr']:g} ({_difference(again, before)})")
+                continue
+            training = again["data"]["init_args"]["sequence_length"]
+            longer = sorted(int(k.split("@")[1]) for k in again["metrics"]
+                            if k.startswith("test/accuracy@") and k in before["metrics"])
+            moved = [f"{100 * again['metrics'][f'test/accuracy@{n}']:.2f} / "
+                     f"{100 * before['metrics'][f'test/accuracy@{n}']:.2f} at {n}" for n in longer
+                     if n != training and _measured_on(again, n) == _measured_on(before, n)  # the same sequences
+                     and again["metrics"][f"test/accuracy@{n}"] != before["metrics"][f"test/accuracy@{n}"]]
+            repeated.append(f"{again['lr']:g}" + (f" (not beyond: {', '.join(moved)})" if moved else ""))
+        lines.append(f"| {task} | `{model}` | {cpu} | {', '.join(repeated) or '-'} | {', '.join(parted) or '-'} |")
     return "\n".join(lines)
 
 
@@ -686,7 +748,9 @@ def main(argv=None):
         parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
         try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
-            tables = markdown(results)
+            # another file's seed-0 points, trained again, are set beside the equal-budget file's (repeat_table)
+            first = None if out.resolve() == equal_budget_out.resolve() else load(equal_budget_out)
+            tables = markdown(results, first)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
                          "give --out a file it wrote")

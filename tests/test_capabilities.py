@@ -950,11 +950,13 @@ def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypat
 def test_readme_capability_tables_are_the_jsons(name):
     """Every figure in the README's capability tables comes from its JSON in bench/results: putting the JSON's
     tables into the README (`python bench/capabilities.py --readme README.md`, with `--out` for another file)
-    changes nothing."""
+    changes nothing; so does the table of how another file's seed-0 points repeat the suite's."""
     from bench import capabilities
 
     readme, out = README.read_text(), capabilities.RESULTS / name
-    tables = capabilities.markdown(capabilities.load(out))
+    first = None if out == capabilities.OUT else capabilities.load(capabilities.OUT)
+    tables = capabilities.markdown(capabilities.load(out), first)
+    assert ("repeats" in tables) == (name == "capabilities_sweep_seeds.json")
     command = "python bench/capabilities.py --readme README.md" + (f" --out bench/results/{name}"
                                                                    if out != capabilities.OUT else "")
     assert capabilities.fill_readme(readme, tables, out.stem) == readme, f"run: {command}"
@@ -1021,6 +1023,36 @@ def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
             assert f"{repeated} of the {len(other_cpu)} run on a CPU of another kind" in readme
     else:
         assert len(same_cpu) == len(pairs)
+
+
+def test_repeat_table_sets_each_seed0_point_beside_the_first_runs():
+    """The README's table of repeats, on hand-made points: a rate repeats when validation and the training length's
+    test figures are the same digits (a longer length that still parts is named); else the first figure that
+    parts is shown, this run's first; a rate the first file never ran, or a later seed, has no row entry."""
+    from bench import capabilities
+
+    def point(lr, accuracy, loss, flags, at128=0.25, test_loss=1.0):
+        return {"task": "mqar", "model": "gpt-tiny", "seed": 0, "lr": lr, "cpu_flags": flags,
+                "validation": {"val/accuracy": accuracy, "val/loss": loss},
+                "metrics": {"test/accuracy": accuracy, "test/loss": test_loss, "test/accuracy@64": accuracy,
+                            "test/accuracy@128": at128},
+                "data": {"init_args": {"sequence_length": 64, "test_lengths": [64, 128]}}}
+
+    first = {"sweep": {f"mqar/gpt-tiny/0@{lr:g}": point(lr, acc, loss, ["avx512f"]) for lr, acc, loss in
+                       [(3e-4, 0.2, 3.0), (1e-3, 1.0, 0.00111), (3e-3, 0.5, 2.0), (1e-2, 0.5, 2.0)]}}
+    again = {"sweep": {"mqar/gpt-tiny/0@0.0003": point(3e-4, 0.2, 3.0, ["avx2"]),  # repeats
+                       "mqar/gpt-tiny/0@0.001": point(1e-3, 1.0, 0.00126, ["avx2"]),  # loss parts
+                       "mqar/gpt-tiny/0@0.003": point(3e-3, 0.5, 2.0, ["avx2"], at128=0.3),  # parts at 128 only
+                       "mqar/gpt-tiny/0@0.01": point(1e-2, 0.3362, 2.0, ["avx2"]),  # accuracy parts
+                       "mqar/gpt-tiny/0@0.03": point(3e-2, 0.1, 4.0, ["avx2"]),  # climbed: nothing to repeat
+                       "mqar/gpt-tiny/1@0.001": point(1e-3, 0.9, 1.0, ["avx2"])}}  # seed 1: the suite ran none
+    assert capabilities.repeat_table(again, first).splitlines()[2:] == [
+        "| mqar | `gpt-tiny` | another kind | 0.0003, 0.003 (not beyond: 30.00 / 25.00 at 128) | "
+        "0.001 (100.00% both, 0.00126 / 0.00111 nats), 0.01 (33.62 / 50.00%) |"]
+    same = {"sweep": {key: {**record, "cpu_flags": ["avx512f"]} for key, record in first["sweep"].items()}}
+    assert capabilities.repeat_table(same, first).splitlines()[2] == (
+        "| mqar | `gpt-tiny` | same kind | 0.0003, 0.001, 0.003, 0.01 | - |")
+    assert capabilities.repeat_table(again, {"sweep": {}}) is None
 
 
 def test_readme_says_what_bench_cpu_kinds_found():
