@@ -48,6 +48,7 @@ import statistics
 import sys
 import time
 import warnings
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import torch
@@ -592,15 +593,21 @@ def repeats(again: dict, first: dict) -> bool:
         again["metrics"][m] == first["metrics"][m] for m in ("test/accuracy", "test/loss"))
 
 
+def _decimal(value: float, scale: float, digits: int) -> str:
+    """value * scale to `digits` decimals, halves up: the JSON keeps exact decimals (validation accuracy 797/800 is
+    0.99625), which binary floats would round up or down as their last bit falls (99.625 prints as 99.62)."""
+    return str((Decimal(repr(value)) * Decimal(repr(scale))).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP))
+
+
 def _difference(again: dict, first: dict) -> str:
     """The first figure in which two runs of one seed part, as "this run / the first": validation accuracy in %,
     else its loss in nats (after the accuracy both share), else test accuracy and loss at the training length."""
     figures = [("%", 100.0, 2, "val/accuracy", "validation"), (" nats", 1.0, 5, "val/loss", "validation"),
                ("% on test", 100.0, 2, "test/accuracy", "metrics"), (" nats on test", 1.0, 5, "test/loss", "metrics")]
-    shown = [(unit, *(f"{scale * run[section][name]:.{digits}f}" for run in (again, first)))
+    shown = [(unit, *(_decimal(run[section][name], scale, digits) for run in (again, first)))
              for unit, scale, digits, name, section in figures]
     unit, a, b = next((figure for figure in shown if figure[1] != figure[2]), shown[-1])
-    shared = "" if unit == "%" else f"{100 * again['validation']['val/accuracy']:.2f}% both, "
+    shared = "" if unit == "%" else f"{_decimal(again['validation']['val/accuracy'], 100, 2)}% both, "
     return f"{shared}{a} / {b}{unit}"
 
 
@@ -630,8 +637,8 @@ def repeat_table(results: dict, first: dict) -> str | None:
             training = again["data"]["init_args"]["sequence_length"]
             longer = sorted(int(k.split("@")[1]) for k in again["metrics"]
                             if k.startswith("test/accuracy@") and k in before["metrics"])
-            moved = [f"{100 * again['metrics'][f'test/accuracy@{n}']:.2f} / "
-                     f"{100 * before['metrics'][f'test/accuracy@{n}']:.2f} at {n}" for n in longer
+            moved = [f"{_decimal(again['metrics'][f'test/accuracy@{n}'], 100, 2)} / "
+                     f"{_decimal(before['metrics'][f'test/accuracy@{n}'], 100, 2)} at {n}" for n in longer
                      if n != training and _measured_on(again, n) == _measured_on(before, n)  # the same sequences
                      and again["metrics"][f"test/accuracy@{n}"] != before["metrics"][f"test/accuracy@{n}"]]
             repeated.append(f"{again['lr']:g}" + (f" (not beyond: {', '.join(moved)})" if moved else ""))
