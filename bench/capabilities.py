@@ -749,14 +749,15 @@ def main(argv=None):
     try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
         results = load(out)
         rates = load(equal_budget_out) if off_budget else None  # where each cell's swept rate is
+        # the tables set another file's seed-0 sweep points beside the equal-budget file's (repeat_table)
+        tabled = args.markdown or args.readme
+        first = load(equal_budget_out) if tabled and out.resolve() != equal_budget_out.resolve() else None
     except (OSError, ValueError) as error:
         parser.error(str(error))
     if (args.table or args.markdown or args.readme) and not results["runs"]:
         parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
         try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
-            # another file's seed-0 points, trained again, are set beside the equal-budget file's (repeat_table)
-            first = None if out.resolve() == equal_budget_out.resolve() else load(equal_budget_out)
             tables = markdown(results, first)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
