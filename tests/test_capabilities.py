@@ -1052,6 +1052,9 @@ def test_repeat_table_sets_each_seed0_point_beside_the_first_runs():
     same = {"sweep": {key: {**record, "cpu_flags": ["avx512f"]} for key, record in first["sweep"].items()}}
     assert capabilities.repeat_table(same, first).splitlines()[2] == (
         "| mqar | `gpt-tiny` | same kind | 0.0003, 0.001, 0.003, 0.01 | - |")
+    mixed = {"sweep": {**same["sweep"], "mqar/gpt-tiny/0@0.01": again["sweep"]["mqar/gpt-tiny/0@0.01"]}}
+    assert "| `gpt-tiny` | both kinds | 0.0003, 0.001, 0.003 | 0.01 (33.63 / 50.00%) |" in capabilities.repeat_table(
+        mixed, first)
     assert capabilities.repeat_table(again, {"sweep": {}}) is None
 
 
