@@ -19,6 +19,8 @@
     python bench/capabilities.py --readme README.md  # the tables into README's <!-- capabilities:TASK --> markers
         # (TASK also "grid", and "sweep": each sweep's validation accuracy at every rate it ran)
         # (with --out bench/results/capabilities_alibi_slopes.json: into <!-- capabilities_alibi_slopes:TASK -->)
+        # (with --out bench/results/capabilities_sweep_seeds.json also "repeats": how its seed-0 points repeat
+        #  the suite's sweep points, rate by rate, on the same or another kind of CPU)
 
 Every run trains one model (`embed_dim` 64, 2 layers, 2 heads; the grid's smallest setting in
 Zoology, Arora et al. 2023) for the same number of optimizer steps with the same batch, learning
