@@ -282,8 +282,13 @@ def stale_test(record: dict) -> bool:
     today = test_seeds(record["data"])
     if today is None:
         return False
-    measured = record.get("test_seeds") or {n: TEST_SEED + int(n) * 2**24 for n in today}
+    measured = record.get("test_seeds") or {n: _seed_before_test_seeds(int(n)) for n in today}
     return measured != today
+
+
+def _seed_before_test_seeds(length: int) -> int:
+    """The first test sequence's seed at `length` in records from before "test_seeds" (stale_test)."""
+    return TEST_SEED + length * 2**24
 
 
 def load(out: Path) -> dict:
@@ -585,7 +590,7 @@ def sweep_table(results: dict) -> str | None:
 
 def _measured_on(record: dict, length: int) -> int:
     """The seed of the first sequence of the test set a record was tested on at `length` (stale_test)."""
-    return (record.get("test_seeds") or {}).get(str(length), TEST_SEED + length * 2**24)
+    return (record.get("test_seeds") or {}).get(str(length), _seed_before_test_seeds(length))
 
 
 def repeats(again: dict, first: dict) -> bool:
@@ -597,7 +602,10 @@ def repeats(again: dict, first: dict) -> bool:
 
 def _decimal(value: float, scale: float, digits: int) -> str:
     """value * scale to `digits` decimals, halves up: the JSON keeps exact decimals (validation accuracy 797/800 is
-    0.99625), which binary floats would round up or down as their last bit falls (99.625 prints as 99.62)."""
+    0.99625), which binary floats would round up or down as their last bit falls (99.625 prints as 99.62). A
+    diverged run's inf or NaN is shown as itself."""
+    if not math.isfinite(value):
+        return str(value)
     return str((Decimal(repr(value)) * Decimal(repr(scale))).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP))
 
 
