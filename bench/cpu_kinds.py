@@ -13,13 +13,15 @@ and the first module, in forward order, whose output on one batch before trainin
 (PyTorch's library for GELU, among others) held one width lower with ONEDNN_MAX_CPU_ISA; oneDNN switched off
 (`torch.backends.mkldnn.enabled = False`: PyTorch's own kernels instead), at this CPU's width and one lower; on an
 AVX-512 CPU also ATen's own kernels and zoo's (built for it, native.py) held to AVX2 with ATEN_CPU_CAPABILITY,
-beside oneDNN: an AVX2 CPU but for MKL. ATen is not held lower than AVX2: below it there is only its scalar
+beside oneDNN: an AVX2 CPU but for MKL; on a CPU with AMX also oneDNN held below it (AVX512_CORE_BF16: an AVX-512
+CPU without AMX, as the suite's). ATen is not held lower than AVX2: below it there is only its scalar
 fallback, which also draws other random numbers, so every weight would differ from the first. MKL's matrix
 products stay at this CPU's width: MKL_ENABLE_INSTRUCTIONS did not move one of their bits on an AVX2 CPU. ELiTA
 with ALiBi, which has no GELU, repeated its selective-copying runs to the digit on AVX2 and AVX-512 CPUs at every
 rate and its induction runs (a vocabulary of 256, not 16) at the three slowest only, so some kernel beside oneDNN's
 GELU rounds by width too; on an AVX2 CPU this script cannot hold it lower.
-Results go to bench/results/cpu_kinds.json.
+Results go to bench/results/cpu_kinds_<width>.json, one file per vector width (cpu_kinds_avx2.json from an AVX2
+CPU, cpu_kinds_avx512.json from an AVX-512 one), so that a run on one kind does not replace the other's.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ def variants() -> dict[str, dict]:
             "oneDNN off": {"env": {}, "onednn": False},
             f"oneDNN off, at {lower}": {"env": {"ONEDNN_MAX_CPU_ISA": lower}, "onednn": False},
             **({"ATen and oneDNN at AVX2": {"env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-                                            "onednn": True}} if lower == "AVX2" else {})}
+                                            "onednn": True}} if lower == "AVX2" else {}),
+            **({"oneDNN without AMX": {"env": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "onednn": True}}
+               if "amx_bf16" in cpu_flags() else {})}
 
 
 def digest(tensors) -> str:
@@ -174,14 +178,13 @@ def main() -> None:
              "first module that differs": first_difference(run[model]["outputs"], own[model]["outputs"]),
              "loss": run[model]["loss"]}
             for model in args.models for variant, run in runs.items()]
-    flags = cpu_flags()
-    print_table(f"{args.steps} steps from one seed, against this CPU's own run (ATen at "
-                f"{torch.backends.cpu.get_cpu_capability()}, cpu_flags {flags})", rows)
-    write_json("cpu_kinds", {"command": " ".join(["python bench/cpu_kinds.py", *sys.argv[1:]]), "cpu_flags": flags,
-                             "capability": torch.backends.cpu.get_cpu_capability(), "steps": args.steps,
-                             "threads per run": 1,
-                             "variants": {v: s["env"] | {"onednn": s["onednn"]} for v, s in settings.items()},
-                             "rows": rows})
+    flags, capability = cpu_flags(), torch.backends.cpu.get_cpu_capability()
+    print_table(f"{args.steps} steps from one seed, against this CPU's own run (ATen at {capability}, "
+                f"cpu_flags {flags})", rows)
+    write_json(f"cpu_kinds_{capability.lower()}",
+               {"command": " ".join(["python bench/cpu_kinds.py", *sys.argv[1:]]), "cpu_flags": flags,
+                "capability": capability, "steps": args.steps, "threads per run": 1,
+                "variants": {v: s["env"] | {"onednn": s["onednn"]} for v, s in settings.items()}, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1064,7 +1064,7 @@ def test_readme_says_what_bench_cpu_kinds_found():
     range the README gives, and no ELiTA model; with oneDNN off its width moves nothing."""
     from bench.common import RESULTS
 
-    results = json.loads((RESULTS / "cpu_kinds.json").read_text())
+    results = json.loads((RESULTS / "cpu_kinds_avx2.json").read_text())
     rows = {(row["model"], row["variant"]): row for row in results["rows"]}
     lowered = next(v for v, env in results["variants"].items() if env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
     off = next(v for v, env in results["variants"].items() if not env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
@@ -1085,6 +1085,38 @@ def test_readme_says_what_bench_cpu_kinds_found():
     width = results["variants"][lowered]["ONEDNN_MAX_CPU_ISA"]
     assert f"On the {results['capability']} CPU above, holding oneDNN to {width}" in readme
     assert f"by {min(changes):.0e} to {max(changes):.0e} at most".replace("e-0", "e-") in readme
+
+
+def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
+    """The README's account of the AVX-512 run is its table: oneDNN at AVX2 moves the GELU models first at GELU;
+    ATen's and zoo's kernels at AVX2 beside it move the softmax-family models first inside attention (the output
+    projection is the first module after the product), micro attention no further; ELiTA moves under no setting;
+    oneDNN held below AMX moves nothing; and the sizes of the in-context bias's and softmax attention's changes."""
+    from bench.common import RESULTS
+
+    results = json.loads((RESULTS / "cpu_kinds_avx512.json").read_text())
+    assert results["capability"] == "AVX512" and "amx_bf16" in results["cpu_flags"]
+    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
+    models = sorted({model for model, _ in rows})
+    variants = [v for v in results["variants"] if v != "this CPU"]
+    for model in models:
+        assert "this CPU" in rows[model, "oneDNN without AMX"]["weights equal to"], model
+        if model.startswith("elita"):
+            assert all(rows[model, v]["largest |change|"] == 0 for v in variants), model
+            continue
+        assert rows[model, "oneDNN at AVX2"]["first module that differs"].endswith("(GELU)"), model
+        aten = rows[model, "ATen and oneDNN at AVX2"]
+        if model.startswith("micro"):
+            assert "oneDNN at AVX2" in aten["weights equal to"].split(", "), model
+        else:
+            assert aten["first module that differs"] == "blocks.0.attn.proj (Linear)", model
+    settings = ("oneDNN at AVX2", "ATen and oneDNN at AVX2")
+    incontext = [rows["incontext-gpt-tiny", v]["largest |change|"] for v in settings]
+    softmax = " and ".join(f"{rows['gpt-tiny', v]['largest |change|']:.0e}".replace("e-0", "e-") for v in settings)
+    readme = _readme_words()
+    assert f"by {min(incontext):.2f} after 30 steps under either setting" in readme
+    assert f"where softmax attention moves by {softmax}" in readme
+    assert "Holding oneDNN below AMX (an AVX-512 CPU without it, as the suite's) moves no model by a bit" in readme
 
 
 @pytest.mark.parametrize("argv, message", [
