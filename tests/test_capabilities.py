@@ -1117,6 +1117,34 @@ def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
     assert f"by {min(incontext):.2f} after 30 steps under either setting" in readme
     assert f"where softmax attention moves by {softmax}" in readme
     assert "Holding oneDNN below AMX (an AVX-512 CPU without it, as the suite's) moves no model by a bit" in readme
+    kernels = results["loss kernels equal to this CPU's"]  # the loss's log-softmax at 16 classes: width-blind
+    assert all(all(equal_bits.values()) for equal_bits in kernels.values())
+
+
+def test_readme_says_what_moves_elita_at_induction_vocabulary_on_an_avx512_cpu():
+    """At induction's vocabulary (256) ELiTA moves under ATen at AVX2 alone, with no module's output differing on
+    the first batch, and the loss's log-softmax and cross-entropy gradient give other bits under that setting only;
+    at selective copying's (16) they do not (the test above). The README says so, with the sizes of the changes."""
+    from bench.common import RESULTS
+
+    results = json.loads((RESULTS / "cpu_kinds_avx512_induction_heads.json").read_text())
+    assert (results["task"], results["vocab_size"], results["capability"]) == ("induction_heads", 256, "AVX512")
+    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
+    aten = "ATen and oneDNN at AVX2"
+    for model in ("elita-gpt-tiny", "elita-gpt-tiny:alibi"):
+        for variant in results["variants"]:
+            moved = rows[model, variant]["largest |change|"] > 0
+            assert moved == (variant == aten), (model, variant)
+            assert rows[model, variant]["first module that differs"] == "-", (model, variant)
+    kernels = results["loss kernels equal to this CPU's"]
+    assert {v for v, equal_bits in kernels.items() if not any(equal_bits.values())} == {aten}
+    assert all(all(equal_bits.values()) for v, equal_bits in kernels.items() if v != aten)
+    sizes = " and ".join(f"{rows[m, aten]['largest |change|']:.0e}".replace("e-0", "e-")
+                         for m in ("elita-gpt-tiny", "elita-gpt-tiny:alibi"))
+    readme = _readme_words()
+    assert f"ELiTA moves too, under ATen at AVX2 alone (by {sizes})" in readme
+    assert ("the log-softmax over the 256 classes, whose output and cross-entropy gradient ATen at AVX2 changes"
+            in readme)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -1124,6 +1152,8 @@ def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
     (["--steps", "10000000"], "--steps must be 1 to 1000 (bits part within a step or two), got 10000000"),
     (["--steps", "nan"], "argument --steps: invalid int value: 'nan'"),
     (["--models", "nope-gpt"], "--models: nope-gpt: unknown model 'nope-gpt'"),
+    (["--task", "listops"], "argument --task: invalid choice: 'listops' (choose from 'selective_copying', "
+                            "'induction_heads', 'mqar')"),
 ])
 def test_bench_cpu_kinds_refuses_bad_arguments_before_it_trains(argv, message, monkeypatch, capsys):
     """A wrong count or model ends bench/cpu_kinds.py with its usage and one line naming the argument, before a
