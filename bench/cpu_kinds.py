@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from bench.common import cpu_flags, in_subprocess, print_table, write_json  # noqa: E402
 
@@ -49,7 +50,9 @@ MODELS = ["gpt-tiny", "quiet-gpt-tiny", "micro-gpt-tiny", "micro-gpt-tiny:alibi"
           "elita-gpt-tiny:alibi"]
 # One width below this CPU's: ATen's capability -> oneDNN's name for the width below it
 LOWER = {"AVX512": "AVX2", "AVX2": "AVX"}
-TASKS = ("selective_copying", "induction_heads", "mqar")  # the synthetic tasks; their vocabulary and length
+# --task: capabilities tasks (bench/capabilities.py TASKS, which gives their vocabulary and length); the first is the
+# default, whose results file has no task in its name
+TASK_CHOICES = ("selective_copying", "induction_heads", "mqar")
 BATCH = 8
 MAX_STEPS = 1000  # bits part within a step or two; 30 steps take about 1.5 minutes for the six models
 
@@ -99,8 +102,6 @@ def loss_digests(vocab: int, length: int) -> dict[str, str]:
     """Digests of the training loss's own kernels on fixed logits of a batch at this vocabulary and length: the
     log-softmax over the vocabulary and the cross-entropy's gradient. The loss is no module, so module_outputs does
     not see it."""
-    import torch.nn.functional as F
-
     draw = torch.Generator().manual_seed(2)
     logits = torch.randn(BATCH * length, vocab, generator=draw, requires_grad=True)
     F.cross_entropy(logits, torch.randint(0, vocab, (BATCH * length,), generator=draw)).backward()
@@ -112,18 +113,17 @@ def worker(job: dict) -> dict:
     """Train each model `steps` steps and save its weights in the job's folder; each module's output digest on the
     first batch (forward order), the weights' file and the last loss; and the loss kernels' digests (loss_digests)."""
     import safetensors.torch
-    import torch.nn.functional as F
 
     import zoo
     from bench.capabilities import model_spec
 
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = job["onednn"]
-    out = {"loss kernels": loss_digests(job["vocab"], job["length"]), "models": {}}
+    vocab, length = job["vocab"], job["length"]
+    out = {"loss kernels": loss_digests(vocab, length), "models": {}}
     for model in job["models"]:
         torch.manual_seed(0)
         name, size = model_spec(model)
-        vocab, length = job["vocab"], job["length"]
         net = zoo.create(name, vocab_size=vocab, context_length=length, **size)
         tokens = torch.Generator().manual_seed(1)  # the same batches for every model and variant
         batches = (torch.randint(0, vocab, (BATCH, length + 1), generator=tokens) for _ in range(job["steps"]))
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS, help="suite models, as bench/capabilities.py names them")
     parser.add_argument("--steps", type=int, default=30,
                         help=f"training steps per model, 1 to {MAX_STEPS} (default 30)")
-    parser.add_argument("--task", choices=TASKS, default=TASKS[0],
+    parser.add_argument("--task", choices=TASK_CHOICES, default=TASK_CHOICES[0],
                         help="train at this capabilities task's vocabulary and length (default selective_copying)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -176,15 +176,14 @@ def main() -> None:
         return
     if not 1 <= args.steps <= MAX_STEPS:
         parser.error(f"--steps must be 1 to {MAX_STEPS} (bits part within a step or two), got {args.steps}")
-    from bench.capabilities import TASKS as SPECS
-    from bench.capabilities import unbuildable
+    from bench.capabilities import TASKS, unbuildable
 
     for model in args.models:
         if why := unbuildable(model):
             parser.error(f"--models: {model}: {why}")
     import safetensors.torch
 
-    shape = SPECS[args.task][1]
+    shape = TASKS[args.task][1]
     settings, runs = variants(), {}
     with tempfile.TemporaryDirectory() as folder:
         for variant, setting in settings.items():
@@ -210,7 +209,7 @@ def main() -> None:
                 f"(ATen at {capability}, cpu_flags {flags})", rows)
     print_table(f"the loss's kernels at {args.task}'s vocabulary and length: bits equal to this CPU's own",
                 [{"variant": variant, **equal_bits} for variant, equal_bits in kernels.items()])
-    write_json(f"cpu_kinds_{capability.lower()}" + ("" if args.task == TASKS[0] else f"_{args.task}"),
+    write_json(f"cpu_kinds_{capability.lower()}" + ("" if args.task == TASK_CHOICES[0] else f"_{args.task}"),
                {"command": " ".join(["python bench/cpu_kinds.py", *sys.argv[1:]]), "cpu_flags": flags,
                 "capability": capability, "task": args.task, "vocab_size": shape["vocab_size"],
                 "sequence_length": shape["sequence_length"], "steps": args.steps, "threads per run": 1,

@@ -1058,14 +1058,28 @@ def test_repeat_table_sets_each_seed0_point_beside_the_first_runs():
     assert "0.0003 (20.00% both, inf / 3.00000 nats)" in capabilities.repeat_table(diverged, first)
 
 
+def _cpu_kinds(name: str) -> tuple[dict, dict[tuple[str, str], dict]]:
+    """A bench/cpu_kinds.py results file, and its rows by (model, variant)."""
+    from bench.common import RESULTS
+
+    results = json.loads((RESULTS / name).read_text())
+    return results, {(row["model"], row["variant"]): row for row in results["rows"]}
+
+
+def test_bench_cpu_kinds_tasks_are_capabilities_tasks_with_a_vocabulary_and_length():
+    """--task takes its vocabulary and length from bench/capabilities.py's TASKS: a choice without them would fail
+    inside the worker, after the first variant had trained."""
+    from bench import capabilities, cpu_kinds
+
+    for task in cpu_kinds.TASK_CHOICES:
+        assert {"vocab_size", "sequence_length"} <= set(capabilities.TASKS[task][1]), task
+
+
 def test_readme_says_what_bench_cpu_kinds_found():
     """The README's account of which models' bits move with the CPU's vector width is bench/cpu_kinds.py's table:
     holding oneDNN one width lower moves every model with a GELU feed-forward, first at block 0's GELU, by the
     range the README gives, and no ELiTA model; with oneDNN off its width moves nothing."""
-    from bench.common import RESULTS
-
-    results = json.loads((RESULTS / "cpu_kinds_avx2.json").read_text())
-    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
+    results, rows = _cpu_kinds("cpu_kinds_avx2.json")
     lowered = next(v for v, env in results["variants"].items() if env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
     off = next(v for v, env in results["variants"].items() if not env["onednn"] and "ONEDNN_MAX_CPU_ISA" in env)
     models = sorted({model for model, _ in rows})
@@ -1092,11 +1106,8 @@ def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
     ATen's and zoo's kernels at AVX2 beside it move the softmax-family models first inside attention (the output
     projection is the first module after the product), micro attention no further; ELiTA moves under no setting;
     oneDNN held below AMX moves nothing; and the sizes of the in-context bias's and softmax attention's changes."""
-    from bench.common import RESULTS
-
-    results = json.loads((RESULTS / "cpu_kinds_avx512.json").read_text())
+    results, rows = _cpu_kinds("cpu_kinds_avx512.json")
     assert results["capability"] == "AVX512" and "amx_bf16" in results["cpu_flags"]
-    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
     models = sorted({model for model, _ in rows})
     variants = [v for v in results["variants"] if v != "this CPU"]
     for model in models:
@@ -1125,11 +1136,8 @@ def test_readme_says_what_moves_elita_at_induction_vocabulary_on_an_avx512_cpu()
     """At induction's vocabulary (256) ELiTA moves under ATen at AVX2 alone, with no module's output differing on
     the first batch, and the loss's log-softmax and cross-entropy gradient give other bits under that setting only;
     at selective copying's (16) they do not (the test above). The README says so, with the sizes of the changes."""
-    from bench.common import RESULTS
-
-    results = json.loads((RESULTS / "cpu_kinds_avx512_induction_heads.json").read_text())
+    results, rows = _cpu_kinds("cpu_kinds_avx512_induction_heads.json")
     assert (results["task"], results["vocab_size"], results["capability"]) == ("induction_heads", 256, "AVX512")
-    rows = {(row["model"], row["variant"]): row for row in results["rows"]}
     aten = "ATen and oneDNN at AVX2"
     for model in ("elita-gpt-tiny", "elita-gpt-tiny:alibi"):
         for variant in results["variants"]:
