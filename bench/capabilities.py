@@ -17,7 +17,8 @@
     python bench/capabilities.py --models gpt-tiny:alibi:bias_max2 --only 'mqar/*' \
         --out bench/results/capabilities_alibi_slopes.json  # a variant outside the suite: a file of its own
     python bench/capabilities.py --readme README.md  # the tables into README's <!-- capabilities:TASK --> markers
-        # (TASK also "grid", and "sweep": each sweep's validation accuracy at every rate it ran)
+        # (TASK also "grid", "sweep": each sweep's validation accuracy at every rate it ran, and "compute":
+        #  the training hours every results file of COMPUTE_FILES holds)
         # (with --out bench/results/capabilities_alibi_slopes.json: into <!-- capabilities_alibi_slopes:TASK -->)
         # (with --out bench/results/capabilities_sweep_seeds.json also "repeats": how its seed-0 points repeat
         #  the suite's sweep points, rate by rate, on the same or another kind of CPU)
@@ -588,6 +589,57 @@ def sweep_table(results: dict) -> str | None:
     return "\n".join(lines)
 
 
+# every results file of the suite and its off-budget and variant runs, as the README reports them (compute_table)
+COMPUTE_FILES = ("capabilities", "capabilities_sweep_seeds", "capabilities_alibi_slopes",
+                 "capabilities_alibi_slopes_swept", "capabilities_4000_steps", "capabilities_8000_steps")
+
+
+def _task_order(task: str) -> tuple:
+    return (list(TASKS).index(task) if task in TASKS else len(TASKS), task)
+
+
+def compute_table(files: dict[str, dict]) -> str:
+    """The training time each results file holds, in hours at the runs' own thread counts: its runs, its sweep
+    points, and what running it all again from nothing would take. A run that a sweep chose (seed 0, or seeds 0
+    to K-1 with --sweep-seeds K) is one of the sweep's points when run again, so it counts once. The suite's file
+    (the first) by task, then one row a file, then the total; training time only (no testing or building)."""
+    def hours(records) -> float:
+        return sum(r["train_seconds"] for r in records) / 3600
+
+    rows = []
+    for stem, results in files.items():
+        runs, points = list(results["runs"].values()), list(results.get("sweep", {}).values())
+        groups = [(t, [r for r in runs if r["task"] == t], [p for p in points if p["task"] == t])
+                  for t in sorted({r["task"] for r in runs + points}, key=_task_order)] if stem == OUT.stem else []
+        groups.append(("all", runs, points))
+        for task, rs, ps in groups:
+            again = hours(ps) + hours(r for r in rs if not ("sweep" in r and r["seed"] < r.get("sweep_seeds", 1)))
+            rows.append((f"`{stem}.json`", task, len(rs), hours(rs), len(ps), hours(ps), again))
+    totals = [sum(row[i] for row in rows if row[1] == "all") for i in range(2, 7)]
+    rows.append(("all files", "all", *totals))
+    lines = ["| results | task | runs | hours | sweep points | hours | hours to run it all again |",
+             "|---|---|---|---|---|---|---|"]
+    for name, task, n_runs, run_h, n_points, point_h, again in rows:
+        bold = "**" if task == "all" else ""
+        lines.append(f"| {name} | {bold}{task}{bold} | {n_runs} | {run_h:.1f} | {n_points} | {point_h:.1f} | "
+                     f"{bold}{again:.1f}{bold} |")
+    return "\n".join(lines)
+
+
+def compute_files() -> dict[str, dict]:
+    """COMPUTE_FILES' results, the suite's first, each that exists in RESULTS."""
+    return {stem: load(RESULTS / f"{stem}.json") for stem in COMPUTE_FILES if (RESULTS / f"{stem}.json").exists()}
+
+
+def readme_tables(out: Path, results: dict, first: dict | None = None) -> dict[str, str]:
+    """The tables --readme puts into the README for the results file `out` (markdown); the suite's close with
+    "compute", what every results file's training took (compute_table)."""
+    tables = markdown(results, first)
+    if out.resolve() == OUT.resolve():
+        tables["compute"] = compute_table(compute_files())
+    return tables
+
+
 def _measured_on(record: dict, length: int) -> int:
     """The seed of the first sequence of the test set a record was tested on at `length` (stale_test)."""
     return (record.get("test_seeds") or {}).get(str(length), _seed_before_test_seeds(length))
@@ -768,7 +820,7 @@ def main(argv=None):
         parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
         try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
-            tables = markdown(results, first)
+            tables = readme_tables(out, results, first)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
                          "give --out a file it wrote")

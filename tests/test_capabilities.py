@@ -532,6 +532,38 @@ def _record(task, model, seed, accuracy, lr=1e-3, seconds=60.0, **extra):
             "data": {"init_args": {"test_lengths": [64, 128]}}, **extra}
 
 
+def test_compute_table_counts_a_chosen_run_once_with_its_sweep_points():
+    """Hours from train_seconds by hand: a record a sweep chose is one of its points when run again."""
+    from bench import capabilities
+
+    hour = 3600.0
+    suite = {"runs": {"mqar/a/0": _record("mqar", "a", 0, 1.0, seconds=hour, sweep={"0.001": 1.0}),
+                      "mqar/a/1": _record("mqar", "a", 1, 1.0, seconds=2 * hour),
+                      "listops/a/0": _record("listops", "a", 0, 1.0, seconds=4 * hour)},
+             "sweep": {"mqar/a/0@0.001": _record("mqar", "a", 0, 1.0, seconds=hour),
+                       "mqar/a/0@0.003": _record("mqar", "a", 0, 0.5, seconds=0.5 * hour)}}
+    seeds = {"runs": {f"mqar/a/{s}": _record("mqar", "a", s, 1.0, seconds=hour, sweep={}, sweep_seeds=2)
+                      for s in (0, 1)},
+             "sweep": {f"mqar/a/{s}@{lr:g}": _record("mqar", "a", s, 1.0, seconds=hour) for s in (0, 1)
+                       for lr in (1e-3, 3e-3)}}
+    rows = capabilities.compute_table({"capabilities": suite, "capabilities_sweep_seeds": seeds}).splitlines()[2:]
+    assert rows == [
+        "| `capabilities.json` | mqar | 2 | 3.0 | 2 | 1.5 | 3.5 |",  # 1.5 of points + seed 1's 2; seed 0 is a point
+        "| `capabilities.json` | listops | 1 | 4.0 | 0 | 0.0 | 4.0 |",
+        "| `capabilities.json` | **all** | 3 | 7.0 | 2 | 1.5 | **7.5** |",
+        "| `capabilities_sweep_seeds.json` | **all** | 2 | 2.0 | 4 | 4.0 | **4.0** |",  # both seeds are points
+        "| all files | **all** | 5 | 9.0 | 6 | 5.5 | **11.5** |"]
+
+
+def test_compute_files_are_every_results_file_of_the_suite():
+    """A new capabilities results file cannot go uncounted in the README's compute table."""
+    from bench import capabilities
+
+    on_disk = {p.stem for p in capabilities.RESULTS.glob("capabilities*.json")}
+    assert on_disk - {"capabilities_estimate", capabilities.TINY_OUT.stem} == set(capabilities.COMPUTE_FILES)
+    assert capabilities.COMPUTE_FILES[0] == capabilities.OUT.stem  # the one shown by task
+
+
 def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(tmp_path, capsys, monkeypatch):
     from bench import capabilities
 
@@ -955,8 +987,9 @@ def test_readme_capability_tables_are_the_jsons(name):
 
     readme, out = README.read_text(), capabilities.RESULTS / name
     first = None if out == capabilities.OUT else capabilities.load(capabilities.OUT)
-    tables = capabilities.markdown(capabilities.load(out), first)
+    tables = capabilities.readme_tables(out, capabilities.load(out), first)
     assert ("repeats" in tables) == (name == "capabilities_sweep_seeds.json")
+    assert ("compute" in tables) == (name == "capabilities.json")
     command = "python bench/capabilities.py --readme README.md" + (f" --out bench/results/{name}"
                                                                    if out != capabilities.OUT else "")
     assert capabilities.fill_readme(readme, tables, out.stem) == readme, f"run: {command}"
@@ -1702,3 +1735,30 @@ def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypat
         capability_timeline.main(["--table"])
     assert "is not a results JSON of this benchmark" in capsys.readouterr().err
     assert capability_timeline.OUT.read_text() == "[1, 2]"
+
+
+def test_readme_says_what_the_suite_cost_as_its_json_does():
+    """The compute paragraph's figures, summed from the suite's records by hand: the short tasks' hours to run
+    again (sweep points, and the runs no sweep chose), the long tasks', the grid's at lengths 64 and 128."""
+    from bench import capabilities
+
+    suite = capabilities.load(capabilities.OUT)
+    records = [*suite["runs"].values(), *suite["sweep"].values()]
+
+    def again(tasks):
+        points = [r for r in suite["sweep"].values() if r["task"] in tasks]
+        chosen_by_no_sweep = [r for r in suite["runs"].values()  # the suite sweeps on seed 0 alone
+                              if r["task"] in tasks and not ("sweep" in r and r["seed"] == 0)]
+        return sum(r["train_seconds"] for r in points + chosen_by_no_sweep) / 3600
+
+    short = again({"mqar", "selective_copying", "induction_heads"})
+    long = again({"listops", "pixel_mnist", "pixel_mnist_permuted", "warpeace", "stdlib"})
+    grid64, grid = again({"mqar_p8", "mqar_p16"}), again({"mqar128_p8", "mqar128_p16"})
+    two = sum(r.get("threads", 1) == 2 for r in records)
+    words = _readme_words()
+    for said in (f"take {short:.1f} hours to run again, about {short / 2:.1f} two at a time",
+                 f"at length 64 add {grid64:.1f} hours ({(short + grid64) / 2:.0f} two at a time with the short",
+                 f"take {long:.1f} hours between them", f"the grid at length 128 another {grid:.1f}.",
+                 f"({two} runs of the suite's {len(records)} records and points ran alone at two threads)"):
+        assert said in words
+    assert short / 2 <= 8 < (short + grid64) / 2 < long / 2  # what the paragraph concludes from them
