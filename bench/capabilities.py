@@ -606,15 +606,22 @@ def compute_table(files: dict[str, dict]) -> str:
     def hours(records) -> float:
         return sum(r["train_seconds"] for r in records) / 3600
 
+    def swept_point(record: dict) -> bool:  # run again, it is its sweep's point at the rate chosen
+        return "sweep" in record and record["seed"] < record.get("sweep_seeds", 1)
+
     rows = []
     for stem, results in files.items():
         runs, points = list(results["runs"].values()), list(results.get("sweep", {}).values())
-        groups = [(t, [r for r in runs if r["task"] == t], [p for p in points if p["task"] == t])
-                  for t in sorted({r["task"] for r in runs + points}, key=_task_order)] if stem == OUT.stem else []
-        groups.append(("all", runs, points))
-        for task, rs, ps in groups:
-            again = hours(ps) + hours(r for r in rs if not ("sweep" in r and r["seed"] < r.get("sweep_seeds", 1)))
-            rows.append((f"`{stem}.json`", task, len(rs), hours(rs), len(ps), hours(ps), again))
+        try:  # a record edited by hand or another tool's: which file, not a traceback
+            groups = [(t, [r for r in runs if r["task"] == t], [p for p in points if p["task"] == t])
+                      for t in sorted({r["task"] for r in runs + points}, key=_task_order)] if stem == OUT.stem else []
+            groups.append(("all", runs, points))
+            for task, rs, ps in groups:
+                again = hours(ps) + hours(r for r in rs if not swept_point(r))
+                rows.append((f"`{stem}.json`", task, len(rs), hours(rs), len(ps), hours(ps), again))
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{RESULTS / stem}.json holds a record this bench did not write, without its task, seed "
+                             f"or train_seconds ({type(error).__name__}: {error})") from None
     totals = [sum(row[i] for row in rows if row[1] == "all") for i in range(2, 7)]
     rows.append(("all files", "all", *totals))
     lines = ["| results | task | runs | hours | sweep points | hours | hours to run it all again |",
@@ -629,15 +636,6 @@ def compute_table(files: dict[str, dict]) -> str:
 def compute_files() -> dict[str, dict]:
     """COMPUTE_FILES' results, the suite's first, each that exists in RESULTS."""
     return {stem: load(RESULTS / f"{stem}.json") for stem in COMPUTE_FILES if (RESULTS / f"{stem}.json").exists()}
-
-
-def readme_tables(out: Path, results: dict, first: dict | None = None) -> dict[str, str]:
-    """The tables --readme puts into the README for the results file `out` (markdown); the suite's close with
-    "compute", what every results file's training took (compute_table)."""
-    tables = markdown(results, first)
-    if out.resolve() == OUT.resolve():
-        tables["compute"] = compute_table(compute_files())
-    return tables
 
 
 def _measured_on(record: dict, length: int) -> int:
@@ -820,10 +818,15 @@ def main(argv=None):
         parser.error(common.nothing_to_show(out))
     if args.markdown or args.readme:
         try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
-            tables = readme_tables(out, results, first)
+            tables = markdown(results, first)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
                          "give --out a file it wrote")
+        if out.resolve() == OUT.resolve():  # the suite's tables close with what every results file's training took
+            try:
+                tables["compute"] = compute_table(compute_files())
+            except ValueError as error:
+                parser.error(str(error))
         if args.readme:
             try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
                 with locked("readme"):
