@@ -624,7 +624,7 @@ def compute_table(files: dict[str, dict]) -> str:
                              f"or train_seconds ({type(error).__name__}: {error})") from None
     totals = [sum(row[i] for row in rows if row[1] == "all") for i in range(2, 7)]
     rows.append(("all files", "all", *totals))
-    lines = ["| results | task | runs | hours | sweep points | hours | hours to run it all again |",
+    lines = ["| results | task | runs | their hours | sweep points | their hours | hours to run it all again |",
              "|---|---|---|---|---|---|---|"]
     for name, task, n_runs, run_h, n_points, point_h, again in rows:
         bold = "**" if task == "all" else ""
