@@ -1751,9 +1751,9 @@ def test_readme_says_what_the_suite_cost_as_its_json_does():
 
     def again(tasks):
         points = [r for r in suite["sweep"].values() if r["task"] in tasks]
-        chosen_by_no_sweep = [r for r in suite["runs"].values()  # the suite sweeps on seed 0 alone
+        runs_no_sweep_chose = [r for r in suite["runs"].values()  # the suite sweeps on seed 0 alone
                               if r["task"] in tasks and not ("sweep" in r and r["seed"] == 0)]
-        return sum(r["train_seconds"] for r in points + chosen_by_no_sweep) / 3600
+        return sum(r["train_seconds"] for r in points + runs_no_sweep_chose) / 3600
 
     short = again({"mqar", "selective_copying", "induction_heads"})
     long = again({"listops", "pixel_mnist", "pixel_mnist_permuted", "warpeace", "stdlib"})
