@@ -509,6 +509,11 @@ TEXT_BUCKETS = ("8-16", "64-128", "512-1024")  # positions early, middle and lat
 GRID_VARIANTS = {f"{m}:w{w}" for m in GRID_MODELS for w in GRID_WIDTHS if w != SIZE["embed_dim"]}
 
 
+def _task_order(task: str) -> tuple:
+    """A table's order of tasks: TASKS' order, any other task after them by name."""
+    return (list(TASKS).index(task) if task in TASKS else len(TASKS), task)
+
+
 def _suite_order(model: str) -> tuple:
     """A table's row order: the suite's models in MODELS' order, each variant outside the suite
     ("gpt-tiny:alibi:bias_max2") after the suite model it varies, variants by their numbers (2, 2-8, 2-16, 4)."""
@@ -576,7 +581,7 @@ def sweep_table(results: dict) -> str | None:
     over the seeds it scored on, as its records carry it), the chosen rate in bold; None when nothing was swept.
     Tasks not in TASKS are left out, as from the task tables."""
     chosen = sorted((r for r in results["runs"].values() if r["seed"] == 0 and "sweep" in r and r["task"] in TASKS),
-                    key=lambda r: (list(TASKS).index(r["task"]), _suite_order(r["model"])))
+                    key=lambda r: (_task_order(r["task"]), _suite_order(r["model"])))
     if not chosen:
         return None
     rates = sorted({float(lr) for r in chosen for lr in r["sweep"]})
@@ -592,10 +597,6 @@ def sweep_table(results: dict) -> str | None:
 # every results file of the suite and its off-budget and variant runs, as the README reports them (compute_table)
 COMPUTE_FILES = ("capabilities", "capabilities_sweep_seeds", "capabilities_alibi_slopes",
                  "capabilities_alibi_slopes_swept", "capabilities_4000_steps", "capabilities_8000_steps")
-
-
-def _task_order(task: str) -> tuple:
-    return (list(TASKS).index(task) if task in TASKS else len(TASKS), task)
 
 
 def compute_table(files: dict[str, dict]) -> str:
@@ -685,7 +686,7 @@ def repeat_table(results: dict, first: dict) -> str | None:
         return None
     lines = ["| task | model | CPU | rates that repeat to the digit | rates that part: this run / the suite's |",
              "|---|---|---|---|---|"]
-    for task, model in sorted(cells, key=lambda c: (list(TASKS).index(c[0]), _suite_order(c[1]))):
+    for task, model in sorted(cells, key=lambda c: (_task_order(c[0]), _suite_order(c[1]))):
         pairs = sorted(cells[task, model], key=lambda pair: pair[0]["lr"])
         kinds = {again.get("cpu_flags") == before.get("cpu_flags") for again, before in pairs}
         cpu = "same kind" if kinds == {True} else "another kind" if kinds == {False} else "both kinds"

@@ -959,6 +959,41 @@ def test_bench_tables_refuse_in_one_line_a_record_the_bench_did_not_write(tmp_pa
     assert readme.read_text() == "<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n"  # untouched
 
 
+@pytest.mark.parametrize("other", ["not json", json.dumps([1, 2]),  # a file this bench did not write
+                                   json.dumps({"runs": {"mqar/a/0": {"task": "mqar", "seed": 0}}})])  # no time
+def test_bench_readme_refuses_in_one_line_a_compute_file_it_did_not_write(tmp_path, monkeypatch, capsys, other):
+    """The suite's --readme reads every results file for the compute table: one that is not this bench's, or a
+    record without its train_seconds, ends it in one line naming that file, the README untouched."""
+    from bench import capabilities, common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)  # the README's lock goes here
+    monkeypatch.setattr(capabilities, "RESULTS", tmp_path)
+    suite = tmp_path / "capabilities.json"
+    monkeypatch.setattr(capabilities, "OUT", suite)
+    suite.write_text(json.dumps({"runs": {"mqar/gpt-tiny/0": _record("mqar", "gpt-tiny", 0, 0.5)}}))
+    (tmp_path / "capabilities_8000_steps.json").write_text(other)
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n")
+    with pytest.raises(SystemExit):
+        capabilities.main(["--readme", str(readme)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert str(tmp_path / "capabilities_8000_steps.json") in err[-1] and "Traceback" not in "".join(err)
+    assert "old" in readme.read_text()
+
+
+def test_compute_table_shows_a_nan_time_as_nan_not_as_a_number():
+    """A record whose train_seconds is NaN (or inf) makes every sum it enters read so, rather than a figure that
+    looks right."""
+    from bench import capabilities
+
+    for bad, shown in ((math.nan, "nan"), (math.inf, "inf")):
+        runs = {"runs": {"mqar/a/0": _record("mqar", "a", 0, 1.0, seconds=bad),
+                         "mqar/a/1": _record("mqar", "a", 1, 1.0, seconds=3600.0)}}
+        rows = capabilities.compute_table({"capabilities_4000_steps": runs}).splitlines()[2:]
+        assert rows == [f"| `capabilities_4000_steps.json` | **all** | 2 | {shown} | 0 | 0.0 | **{shown}** |",
+                        f"| all files | **all** | 2 | {shown} | 0 | 0.0 | **{shown}** |"]
+
+
 def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypatch):
     """Two --readme at once (the suite's tables and another file's) take turns: while one holds the README's
     lock the other does not read it, so neither writes over the other's tables with a stale copy."""
