@@ -511,10 +511,12 @@ def test_swap_into_a_transformer_encoder_with_padding():
 
 def test_swap_from_a_learned_bias_says_it_is_dropped(caplog):
     layer = A.SoftmaxAttention(8, heads=2, causal=True, max_len=10, learned_bias=True)
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"):
-        new = A.swap(layer, "incontext")
+    with pytest.raises(ValueError, match=r"its learned bias \(incontext has no learned bias\).*strict=False"):
+        A.swap(layer, "incontext")
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"), pytest.warns(UserWarning, match="learned bias"):
+        new = A.swap(layer, "incontext", strict=False)
     assert isinstance(new, InContextAttention) and new.causal and new.heads == 2
-    assert "kept q, k, v and the output projection; its learned bias is dropped" in caplog.text
+    assert "kept q, k, v and the output projection; dropped its learned bias" in caplog.text
     assert torch.equal(new.qkv.weight, layer.qkv.weight)
 
 

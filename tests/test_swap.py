@@ -124,8 +124,12 @@ def test_quiet_equals_multihead_attention_with_add_zero_attn(cross):
         # self-attention with padding: zoo's padded positions are zero, PyTorch's are computed; compare the rest
         real = ~padding if "key_padding_mask" in kwargs and not cross else torch.ones(2, 5, dtype=torch.bool)
         torch.testing.assert_close(got[real], expected[real], rtol=0, atol=1e-5)
-    # plain softmax with the same weights is another function: the zero key is what makes the two equal
-    softmax = swap(copy.deepcopy(mha), "softmax")
+    # plain softmax with the same weights is another function: the zero key is what makes the two equal, so a
+    # swap to softmax would drop it, and is refused unless asked for, then said in a warning
+    with pytest.raises(ValueError, match=r"add_zero_attn=True, which is quiet attention.*strict=False"):
+        swap(copy.deepcopy(mha), "softmax")
+    with pytest.warns(UserWarning, match="swap to softmax dropped the model: its key and value of zeros"):
+        softmax = swap(copy.deepcopy(mha), "softmax", strict=False)
     assert (softmax(x, keys, keys)[0] - mha(x, keys, keys)[0]).abs().max() > 1e-3
 
 
@@ -246,3 +250,36 @@ def test_layers_refuse_calls_they_cannot_honour():
     context = x[:, :3]
     with pytest.raises(ValueError, match=r"MultiheadAdapter\(MicroAttention\) cannot attend to another sequence"):
         swap(nn.MultiheadAttention(8, 2, batch_first=True), "micro")(x, context, context)
+
+
+@pytest.mark.parametrize("make, dropped", [
+    (lambda: timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
+                               qk_norm=True), r"its q_norm, its k_norm"),
+    (lambda: nn.MultiheadAttention(16, 4, add_bias_kv=True, batch_first=True), r"its bias_k and bias_v"),
+    (lambda: nn.MultiheadAttention(16, 4, add_zero_attn=True, batch_first=True), r"its key and value of zeros"),
+])
+def test_a_swap_that_would_drop_parts_is_refused_unless_asked(make, dropped):
+    model = make().eval()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=f"swap to softmax would drop .*{dropped}.*pass strict=False"):
+        swap(model, "softmax")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is as it was
+    with pytest.warns(UserWarning, match=f"swap to softmax dropped .*{dropped}"):
+        swap(model, "softmax", strict=False)
+
+
+def test_an_attention_module_shared_by_two_layers_is_swapped_at_both():
+    shared = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    class TwoLayers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = shared, shared
+
+        def forward(self, x):
+            x = x + self.first(x, x, x, need_weights=False)[0]
+            return x + self.second(x, x, x, need_weights=False)[0]
+
+    model = swap(TwoLayers().eval(), "quiet")
+    assert isinstance(model.first, MultiheadAdapter) and model.first is model.second  # still one shared module
+    assert sum(1 for m in model.modules() if isinstance(m, MultiheadAdapter)) == 1

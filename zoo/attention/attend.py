@@ -98,7 +98,7 @@ def allowed_keys(lq: int, lk: int, device, causal: bool = False,
                  key_padding_mask: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Which key each query may see, (Lq, Lk), or (B, H or 1, Lq, Lk) with padding or a boolean attn_mask:
     queries aligned to the end of the keys (as with a KV cache), causal ones up to their own position,
-    keys the attn_mask forbids and padded keys never."""
+    keys the attn_mask forbids and padded keys never (a padded query sees its own key besides)."""
     allowed = torch.ones(lq, lk, dtype=torch.bool, device=device)
     offset = lk - lq
     if causal:
@@ -107,10 +107,12 @@ def allowed_keys(lq: int, lk: int, device, causal: bool = False,
         allowed = allowed & attn_mask
     if key_padding_mask is not None:
         allowed = allowed & key_padding_mask[:, None, None, :]
-        # A padded query with no real key before it would get an empty softmax row (NaN);
-        # letting every token see itself keeps those rows finite and touches no real query.
+        # A padded query with no real key before it would get an empty softmax row (NaN); letting each padded
+        # query see itself keeps those rows finite. Only padded queries: a real query's own key stays as the
+        # attn_mask left it (a mask that forbids it is obeyed, as nn.MultiheadAttention obeys it).
         own_key = torch.arange(lk, device=device) == torch.arange(lq, device=device)[:, None] + offset
-        allowed = allowed | own_key
+        padded_query = ~key_padding_mask[:, offset:]  # (B, Lq): queries sit at the last Lq keys' positions
+        allowed = allowed | (own_key & padded_query[:, None, :, None])
     return allowed
 
 

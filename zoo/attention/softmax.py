@@ -173,7 +173,7 @@ class SoftmaxAttention(nn.Module):
         self.dim, self.heads, self.causal, self.dropout = dim, heads, causal, dropout
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
-        self.max_len = max_len
+        self.max_len = max_len if learned_bias else None  # only the learned bias reads it
         if learned_bias:
             if max_len is None:
                 raise ValueError(f"{type(self).__name__}(learned_bias=True) needs max_len, got None")

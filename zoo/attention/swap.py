@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -143,33 +144,35 @@ class MultiheadAdapter(nn.Module):
         return (out if self.batch_first else out.transpose(0, 1)), None
 
 
-def _sources(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The attention modules swap replaces, by qualified name ("" for the model itself)."""
+def _sources(model: nn.Module) -> list[tuple[list[str], nn.Module]]:
+    """The attention modules swap replaces, each with every qualified name it sits at ("" for the model itself):
+    a module shared by two layers is one module at two places, and is swapped at both."""
     from timm.layers import Attention as TimmVitAttention
 
-    found = []
-    for name, module in model.named_modules():
-        if any(name.startswith(f"{outer}.") or outer == "" for outer, _ in found):
+    found: dict[int, tuple[list[str], nn.Module]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if any(name.startswith(f"{outer}.") or outer == "" for names, _ in found.values() for outer in names):
             continue  # inside one already found (zoo's layer in an adapter is found by itself)
         if type(module) is TimmVitAttention or isinstance(module, (nn.MultiheadAttention, *ZOO_MIXERS)):
-            found.append((name, module))
-    return found
+            found.setdefault(id(module), ([], module))[0].append(name)
+    return list(found.values())
 
 
-def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
+def _shape(old: nn.Module, name: str, mechanism: str) -> tuple[dict, tuple | None, list[str], list[str]]:
     """The new layer's arguments taken from the old one, the (qkv weight, qkv bias, proj weight, proj bias)
-    to keep or None, and notes on what does not carry over."""
+    to keep or None, notes on what does not carry over by the nature of `mechanism`, and the parts of the old
+    layer that zoo's layers have no place for (they would be lost: swap refuses them unless strict=False)."""
     if isinstance(old, ZOO_MIXERS):
         args = {"dim": old.dim, "heads": old.heads, "causal": old.causal}
         if not isinstance(old, QKV_MIXERS):
-            return args, None, [f"{type(old).__name__} has no q, k, v"]
+            return args, None, [f"{type(old).__name__} has no q, k, v"], []
         args.update(bias=old.qkv.bias is not None, dropout=old.dropout)
         if getattr(old, "attn_bias", None) is not None:
             args.update(max_len=old.max_len, learned_bias=True)
         if isinstance(old, SoftmaxAttention) and old.positions is not None:  # rope or alibi: the new layer keeps them
             args.update(positions=old.positions, rope_base=old.rope_base, alibi_bias_max=old.alibi_bias_max)
-        notes = ["its gates are dropped"] if isinstance(old, GatedAttention) else []
-        return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
+        notes = ["its gates are dropped"] if isinstance(old, GatedAttention) and mechanism != "gated" else []
+        return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes, []
     if isinstance(old, nn.MultiheadAttention):
         if not old._qkv_same_embed_dim:
             raise ValueError(f"swap: {name or 'the model'} is an nn.MultiheadAttention with kdim={old.kdim}, "
@@ -177,10 +180,10 @@ def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
                              "values of the query's width")
         args = {"dim": old.embed_dim, "heads": old.num_heads, "causal": False,
                 "bias": old.in_proj_bias is not None, "dropout": old.dropout}
-        notes = ["its bias_k and bias_v are dropped"] if old.bias_k is not None else []
-        if old.add_zero_attn:
-            notes.append("add_zero_attn=True is quiet attention")
-        return args, (old.in_proj_weight, old.in_proj_bias, old.out_proj.weight, old.out_proj.bias), notes
+        lost = ["its bias_k and bias_v (add_bias_kv=True)"] if old.bias_k is not None else []
+        if old.add_zero_attn and mechanism != "quiet":  # a key and a value of zeros: exactly quiet attention
+            lost.append("its key and value of zeros (add_zero_attn=True, which is quiet attention)")
+        return args, (old.in_proj_weight, old.in_proj_bias, old.out_proj.weight, old.out_proj.bias), [], lost
     dim = old.qkv.in_features  # timm's Attention
     if old.qkv.out_features != 3 * dim or old.proj.in_features != dim or old.proj.out_features != dim:
         raise ValueError(f"swap: {name or 'the model'} is a timm Attention of width {dim} with qkv "
@@ -188,22 +191,23 @@ def _shape(old: nn.Module, name: str) -> tuple[dict, tuple | None, list[str]]:
                          f"zoo's layers need {3 * dim} and {dim} -> {dim}")
     args = {"dim": dim, "heads": old.num_heads, "causal": False, "dropout": old.attn_drop.p,
             "bias": old.qkv.bias is not None or old.proj.bias is not None}
-    dropped = [part for part in ("q_norm", "k_norm", "norm") if not isinstance(getattr(old, part, None), nn.Identity)]
-    dropped += ["gate"] if getattr(old, "gate", None) is not None else []
-    notes = [f"its {', '.join(dropped)} are dropped"] if dropped else []
-    return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), notes
+    lost = [f"its {part}" for part in ("q_norm", "k_norm", "norm")
+            if getattr(old, part, None) is not None and not isinstance(getattr(old, part), nn.Identity)]
+    lost += ["its gate"] if getattr(old, "gate", None) is not None else []
+    return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), [], lost
 
 
-def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tuple[nn.Module, bool, list[str]]:
-    """The module to put in old's place, whether it kept old's weights, and notes for the log."""
-    args, weights, notes = _shape(old, name)
+def _replacement(old: nn.Module, name: str, mechanism: str, options: dict
+                 ) -> tuple[nn.Module, bool, list[str], list[str]]:
+    """The module to put in old's place, whether it kept old's weights, notes for the log and what is lost."""
+    args, weights, notes, lost = _shape(old, name, mechanism)
     cls = MIXERS[mechanism]
     if not issubclass(cls, QKV_MIXERS):
         args = {key: args[key] for key in ("dim", "heads", "causal")}
     elif cls is InContextAttention:
         if args.pop("learned_bias", False):
             del args["max_len"]
-            notes.append("its learned bias is dropped")
+            lost.append("its learned bias (incontext has no learned bias)")
         if args.pop("positions", None) is not None:
             del args["rope_base"], args["alibi_bias_max"]
             notes.append("its rope or alibi positions are dropped (incontext makes its own)")
@@ -233,28 +237,35 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict) -> tu
         if isinstance(new, GatedAttention) and not isinstance(old, GatedAttention):
             notes.append("its gates are new")
     elif weights is not None:
-        notes = [f"{cls.__name__} has no q, k, v"]
+        notes, lost = [f"{cls.__name__} has no q, k, v"], []  # every weight is fresh: nothing is kept to lose
     if isinstance(old, nn.MultiheadAttention):
         new = MultiheadAdapter(new, old.batch_first)
     elif not isinstance(old, ZOO_MIXERS):
         new = TimmAttention(new, old.proj_drop)
-    return new, kept, notes
+    return new, kept, notes, lost
 
 
-def swap(model: nn.Module, mechanism: str, **options) -> nn.Module:
+def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn.Module:
     """Replace the attention modules of `model` by zoo's `mechanism`, keeping their weights where it can.
 
     Args:
         model: a module holding timm ViT attention (timm.layers.Attention), nn.MultiheadAttention (as in
             nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or one of them itself.
         mechanism: softmax, quiet, clipped, gated, micro, elita or incontext.
+        strict: refuse, naming them, parts of an old layer that zoo's layers have no place for (timm's
+            q_norm and k_norm, nn.MultiheadAttention's bias_k and bias_v, its add_zero_attn unless swapped to
+            quiet, a learned bias swapped to incontext), which would silently change the outputs (default
+            True); False swaps anyway and says what is dropped in a Python warning.
         **options (Any): arguments for the mechanism's class (e.g. alpha for clipped, num_queries for micro,
             causal=True for elita in a bidirectional model); heads, causal, bias and dropout default to the
             old module's.
 
     Returns:
         The model, changed in place; where the model itself is the attention module, its replacement.
-        Every new layer is built before any is put in, so a refusal leaves the model as it was.
+        Every new layer is built before any is put in, so a refusal leaves the model as it was. A module
+        shared by several layers is replaced by one new module, shared at the same places. A zoo model
+        (anything with `record_swap`, as zoo's families have) records the new mechanism in its config, so
+        that save_pretrained writes what the model now is.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"swap expects a torch.nn.Module, got {type(model).__name__}")
@@ -271,22 +282,31 @@ def swap(model: nn.Module, mechanism: str, **options) -> nn.Module:
                          f"token mixers {list(MIXERS)}")
     cross = {f"{name}.multihead_attn".lstrip(".") for name, module in model.named_modules()
              if isinstance(module, nn.TransformerDecoderLayer)}
-    if not issubclass(MIXERS[mechanism], SoftmaxAttention) and cross & {name for name, _ in sources}:
+    strict = flag(strict, "strict", "swap")
+    if not issubclass(MIXERS[mechanism], SoftmaxAttention) and cross & {n for names, _ in sources for n in names}:
         raise ValueError(f"swap: {mechanism} cannot attend to another sequence, and {sorted(cross)[0]} is "
                          "cross-attention; cross-attention needs softmax, quiet, clipped or gated")
-    built = [(name, old, *_replacement(old, name, mechanism, options)) for name, old in sources]
+    built = [(names, old, *_replacement(old, names[0], mechanism, options)) for names, old in sources]
+    losses = [f"{names[0] or 'the model'}: {', '.join(lost)}" for names, _, _, _, _, lost in built if lost]
+    if losses and strict:
+        raise ValueError(f"swap to {mechanism} would drop what zoo's layers have no place for, changing the "
+                         f"outputs ({'; '.join(losses)}); pass strict=False to swap anyway")
+    if losses:
+        warnings.warn(f"swap to {mechanism} dropped {'; '.join(losses)}: the outputs change", stacklevel=2)
     fresh, why_fresh = [], ""
-    for name, old, new, kept, notes in built:
-        if name == "":
-            model = new
-        else:
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, new)
+    for names, old, new, kept, notes, lost in built:
+        for name in names:
+            if name == "":
+                model = new
+            else:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent), child, new)
+        name = ", ".join(names) or "the model"
         what = "kept q, k, v and the output projection" if kept else "fresh weights"
-        log.info("swap: %s: %s -> %s, %s%s", name or "the model", type(old).__name__, mechanism, what,
-                 "".join(f"; {note}" for note in notes))
+        log.info("swap: %s: %s -> %s, %s%s", name, type(old).__name__, mechanism, what,
+                 "".join(f"; {note}" for note in [*notes, *(f"dropped {part}" for part in lost)]))
         if not kept:
-            fresh.append(name or "the model")
+            fresh.append(name)
             why_fresh = notes[0]
     if fresh:
         log.warning("swap: %d attention module(s) start from fresh weights (%s), train before use: %s", len(fresh),
@@ -296,4 +316,11 @@ def swap(model: nn.Module, mechanism: str, **options) -> nn.Module:
                                                                          nn.MultiheadAttention):
             # its nested-tensor route hands the layers nested tensors, which only PyTorch's own attention takes
             module.use_nested_tensor = False
+    swapped = [name for names, *_ in built for name in names]
+    for prefix, module in model.named_modules():
+        if callable(getattr(module, "record_swap", None)):  # a zoo model: its config says what it now is
+            inside = [name[len(prefix) + 1:] if prefix else name for name in swapped
+                      if not prefix or name.startswith(f"{prefix}.")]
+            if inside:
+                module.record_swap(inside, mechanism, options)
     return model

@@ -8,15 +8,18 @@ or `hf-hub:org/repo[@revision]`.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from zoo.models.arguments import check_budget
+from zoo.models.layers import per_block_options
 from zoo.models.card import model_card
 from zoo.models.hub import download
 from zoo.models.registry import ARCHITECTURES, Entry, _entries, check_overrides, checkpoint_folder, in_timm
@@ -89,6 +92,39 @@ class Releasable:
             The path of the written folder.
         """
         return save_pretrained(self, path, card=card, extra=extra, overwrite=overwrite)
+
+    def record_swap(self, paths: list[str], mechanism: str, options: dict) -> None:
+        """Keep `config` true to the model once zoo.attention.swap has put `mechanism` (with `options`) at
+        `paths`: each swapped block's name goes into `attention` and the options into `attention_options`,
+        so that a saved folder loads as the swapped model. Where this family's arguments cannot say it (a
+        module other than a block's attention, per-block names or options the family takes no argument for),
+        the config stays as it was and save_pretrained refuses the model, naming the first difference."""
+        config = dict(self.config)
+        depth, named = config.get("depth"), config.get("attention")
+        if not isinstance(depth, int) or named is None:
+            return
+        names = [named] * depth if isinstance(named, str) else list(named)
+        takes_options = "attention_options" in inspect.signature(type(self)).parameters
+        options_per_block = per_block_options(config.get("attention_options"), depth, type(self).__name__)
+        for path in paths:
+            block = re.fullmatch(r"blocks\.(\d+)\.attn", path)
+            if block is None or int(block.group(1)) >= depth:
+                return
+            names[int(block.group(1))] = mechanism
+            options_per_block[int(block.group(1))] = dict(options)
+        config["attention"] = names[0] if len(set(names)) == 1 else names
+        config.pop("attention_options", None)
+        if any(options_per_block):
+            if not takes_options:
+                return
+            same = all(o == options_per_block[0] for o in options_per_block)
+            config["attention_options"] = options_per_block[0] if same else [o or None for o in options_per_block]
+        try:
+            with torch.device("meta"):
+                type(self)(**config)
+        except (TypeError, ValueError):
+            return  # the family cannot express it: saving refuses, naming the difference
+        self.config = config
 
 
 def _config_json(model: nn.Module, extra: dict | None) -> dict:
@@ -165,6 +201,15 @@ def check_config_builds(model: nn.Module) -> None:
             built = type(model)(**config)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{owner} cannot be saved: its config does not build it again ({e})") from None
+    own_modules, built_modules = module_settings(model), module_settings(built)
+    for name in [*own_modules, *(k for k in built_modules if k not in own_modules)]:
+        if own_modules.get(name) != built_modules.get(name):
+            raise ValueError(
+                f"{owner} cannot be saved: {name} is {_difference(own_modules.get(name), built_modules.get(name))}"
+                f", so the folder would load as another model. A module "
+                "replaced or changed after construction does this; zoo.attention.swap records what a block's "
+                "attention became where the family's arguments (attention=[...], attention_options=[...]) can "
+                "say it. Construct the model with those arguments instead, then train or load weights into it")
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     want = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     differing = [f"{k}: the model has {own[k] if k in own else 'none'}, its config builds "
@@ -175,6 +220,45 @@ def check_config_builds(model: nn.Module) -> None:
                          f"difference: {differing[0]}), so the folder would never load; a module replaced after "
                          f"construction does this. Construct the model with the arguments instead (e.g. "
                          f"attention=[...], attention_options={{...}}), then train or load weights into it")
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value) -> bool:
+    return isinstance(value, _PLAIN) or isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value)
+
+
+def module_settings(model: nn.Module) -> dict[str, tuple]:
+    """Every submodule by name as (its class, its settings): the plain values it holds (numbers, strings, flags,
+    tuples of them, such as a layer's causal flag, heads or clipped softmax's alpha), which its weights do not
+    carry. Two models with the same settings and weights compute the same function; a swapped mechanism
+    with softmax's weight shapes, which a comparison of shapes misses, differs here in its class or flags."""
+    settings = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not name:
+            continue  # the model's own attributes are its config's
+        values = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
+                              for key, value in vars(module).items()
+                              if not key.startswith("_") and key != "training" and _plain(value)))
+        settings[name] = (f"{type(module).__module__}.{type(module).__qualname__}", values)
+    return settings
+
+
+def _difference(own: tuple | None, built: tuple | None) -> str:
+    """How a module of the model differs from the one its config builds, in a few words."""
+    if own is None or built is None:
+        return "absent, but its config builds one" if own is None else "not built by its config"
+    def named(setting: tuple) -> str:
+        cls = setting[0].rpartition(".")[2]
+        return f"{'an' if cls[0] in 'AEIOU' else 'a'} {cls}"
+
+    if own[0] != built[0]:
+        return f"{named(own)}, but its config builds {named(built)}"
+    mine, theirs = dict(own[1]), dict(built[1])
+    keys = [k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k)]
+    return (f"{named(own)} with " + ", ".join(f"{k}={mine.get(k)!r}" for k in keys)
+            + ", but its config builds " + ", ".join(f"{k}={theirs.get(k)!r}" for k in keys))
 
 
 def _aliases(model: nn.Module) -> dict[str, set[str]]:

@@ -1,0 +1,58 @@
+"""zoo's image models are in timm's registry however and whenever timm is imported.
+
+Each order runs in a fresh interpreter: in this one, timm and zoo are long imported. The orders that matter
+are those where something asks for timm's spec before importing it (transformers does, through
+`importlib.util.find_spec("timm")`, when `import lightning` imports it); the bare find_spec case stands for it
+where transformers is not installed.
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+CHECK = "import timm; assert timm.is_model('micro_vit_tiny'), 'micro_vit_tiny missing from timm'; " \
+        "timm.create_model('micro_vit_tiny', pretrained=False)"
+
+ORDERS = {
+    "zoo, then timm": "import zoo",
+    "timm, then zoo": "import timm, zoo",
+    "zoo, find_spec('timm'), then timm": "import zoo, importlib.util; assert importlib.util.find_spec('timm')",
+    "zoo, find_spec('timm') twice, then timm": "import zoo, importlib.util; importlib.util.find_spec('timm'); "
+                                               "importlib.util.find_spec('timm')",
+    "zoo, lightning, then timm": "import zoo, lightning",
+    "lightning, zoo, then timm": "import lightning, zoo",
+    "timm, lightning, then zoo": "import timm, lightning, zoo",
+    "zoo.models alone, then timm": "import zoo.models",
+}
+WITH_TRANSFORMERS = {
+    "zoo, transformers, then timm": "import zoo, transformers",
+    "transformers, zoo, then timm": "import transformers, zoo",
+    "zoo, transformers' AutoModel, then timm": "import zoo; from transformers import AutoModel",
+}
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_models_reach_timm_in_any_import_order(order):
+    done = _run(f"{ORDERS[order]}; {CHECK}")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
+@pytest.mark.parametrize("order", list(WITH_TRANSFORMERS))
+def test_models_reach_timm_with_transformers_installed(order):
+    done = _run(f"{WITH_TRANSFORMERS[order]}; {CHECK}")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_hook_leaves_once_timm_is_imported():
+    done = _run("import sys, zoo; from zoo.release.timm_hook import _AfterTimmImport; "
+                "hooked = lambda: any(isinstance(f, _AfterTimmImport) for f in sys.meta_path); assert hooked(); "
+                "import importlib.util; importlib.util.find_spec('timm'); assert hooked(), 'left on a find_spec'; "
+                "import timm; assert not hooked(), 'still there after timm was imported'")
+    assert done.returncode == 0, done.stderr[-2000:]
