@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from zoo.models.arguments import check_budget
-from zoo.models.layers import per_block_options
 from zoo.models.card import model_card
 from zoo.models.hub import download
+from zoo.models.layers import per_block_options
 from zoo.models.registry import ARCHITECTURES, Entry, _entries, check_overrides, checkpoint_folder, in_timm
 from zoo.models.release_files import (
     CARD,
