@@ -476,6 +476,7 @@ def test_pixel_mnist(permute):
 # --- the benchmark ---
 
 
+@pytest.mark.bench
 def test_bench_tiny_is_resumable(tmp_path):
     from bench import capabilities
     from zoo.training.precision import FLAGS
@@ -503,6 +504,7 @@ def test_bench_tiny_is_resumable(tmp_path):
     assert json.loads(out.read_text())["runs"] == first["runs"]
 
 
+@pytest.mark.bench
 def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_path, capsys):
     from bench import capabilities
 
@@ -532,6 +534,7 @@ def _record(task, model, seed, accuracy, lr=1e-3, seconds=60.0, **extra):
             "data": {"init_args": {"test_lengths": [64, 128]}}, **extra}
 
 
+@pytest.mark.bench
 def test_compute_table_counts_a_chosen_run_once_with_its_sweep_points():
     """Hours from train_seconds by hand: a record a sweep chose is one of its points when run again."""
     from bench import capabilities
@@ -558,6 +561,7 @@ def test_compute_table_counts_a_chosen_run_once_with_its_sweep_points():
         capabilities.compute_table({"capabilities_sweep_seeds": seeds})
 
 
+@pytest.mark.bench
 def test_compute_files_are_every_results_file_of_the_suite():
     """A new capabilities results file cannot go uncounted in the README's compute table."""
     from bench import capabilities
@@ -567,6 +571,7 @@ def test_compute_files_are_every_results_file_of_the_suite():
     assert capabilities.COMPUTE_FILES[0] == capabilities.OUT.stem  # the one shown by task
 
 
+@pytest.mark.bench
 def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(tmp_path, capsys, monkeypatch):
     from bench import capabilities
 
@@ -651,6 +656,7 @@ def test_bench_sweep_keeps_the_best_validation_rate_and_later_seeds_train_at_it(
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_bench_sweep_on_several_seeds_chooses_on_their_mean(tmp_path, capsys):
     """--sweep-seeds K scores each rate on the mean of seeds 0 to K-1: a rate where seed 0 alone learns the task
     loses to one where every seed does, and each seed's run at the chosen rate becomes its record."""
@@ -721,6 +727,7 @@ def test_bench_sweep_on_several_seeds_chooses_on_their_mean(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_sweep(tmp_path, monkeypatch, capsys):
     """Test sets at multiples of 256 moved off seed 0's training sequences: a record tested there before (no
     "test_seeds") is listed and run again at its rate; a swept seed 0 keeps its sweep, which chose on validation."""
@@ -756,6 +763,7 @@ def test_bench_runs_again_a_run_tested_before_the_test_sets_moved_and_keeps_its_
     assert not capabilities.stale_test({"data": {"init_args": {}}})  # pixel MNIST, text: test sets they read
 
 
+@pytest.mark.bench
 def test_bench_steps_trains_off_the_budget_into_a_file_of_its_own_at_the_swept_rate(tmp_path, monkeypatch, capsys):
     """--steps: longer (or shorter) training than the equal budget's, at the rate the equal-budget file's sweep
     chose for the cell; its records say their steps, and never join the equal-budget file."""
@@ -791,6 +799,7 @@ def test_bench_steps_trains_off_the_budget_into_a_file_of_its_own_at_the_swept_r
     assert equal.read_bytes() == before
 
 
+@pytest.mark.bench
 def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path, monkeypatch, capsys):
     import bench.common
     from bench import capabilities
@@ -818,6 +827,7 @@ def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path
     assert "leave out --threads 2" in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     from bench import capabilities
 
@@ -887,6 +897,7 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     assert stdlib[2] == "| `micro-gpt-tiny` | 2.500 | 2.25 | - | - | 0 | 0.001 | 1.0 |"
 
 
+@pytest.mark.bench
 def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ran():
     """What each sweep chose from: a row per swept cell (tasks in TASKS' order, models in the suite's), its
     validation accuracy % at every rate any cell ran ("-" where it did not), the kept rate in bold (of a tie too),
@@ -920,6 +931,7 @@ def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ra
         "| mqar | `gpt-tiny` | 50.0 | 25.0 | 0 |")
 
 
+@pytest.mark.bench
 def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_path, capsys):
     from bench import capabilities
 
@@ -941,6 +953,7 @@ def test_bench_readme_refuses_in_one_line_a_file_without_markers_or_absent(tmp_p
     assert "the suite's" in suite.read_text()
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("bad", [{"sweep": {"fast": 0.5}},  # a rate that is not a number
                                  {"sweep": {"0.001": "half"}},  # a score that is not one
                                  {"metrics": None}])  # no metrics object
@@ -959,6 +972,7 @@ def test_bench_tables_refuse_in_one_line_a_record_the_bench_did_not_write(tmp_pa
     assert readme.read_text() == "<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n"  # untouched
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("other", ["not json", json.dumps([1, 2]),  # a file this bench did not write
                                    json.dumps({"runs": {"mqar/a/0": {"task": "mqar", "seed": 0}}})])  # no time
 def test_bench_readme_refuses_in_one_line_a_compute_file_it_did_not_write(tmp_path, monkeypatch, capsys, other):
@@ -981,6 +995,7 @@ def test_bench_readme_refuses_in_one_line_a_compute_file_it_did_not_write(tmp_pa
     assert "old" in readme.read_text()
 
 
+@pytest.mark.bench
 def test_compute_table_shows_a_nan_time_as_nan_not_as_a_number():
     """A record whose train_seconds is NaN (or inf) makes every sum it enters read so, rather than a figure that
     looks right."""
@@ -994,6 +1009,7 @@ def test_compute_table_shows_a_nan_time_as_nan_not_as_a_number():
                         f"| all files | **all** | 2 | {shown} | 0 | 0.0 | **{shown}** |"]
 
 
+@pytest.mark.bench
 def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypatch):
     """Two --readme at once (the suite's tables and another file's) take turns: while one holds the README's
     lock the other does not read it, so neither writes over the other's tables with a stale copy."""
@@ -1015,6 +1031,7 @@ def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypat
     assert "| `gpt-tiny` | 50.0 |" in readme.read_text()
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json",
                                   "capabilities_alibi_slopes_swept.json", "capabilities_sweep_seeds.json"])
 def test_readme_capability_tables_are_the_jsons(name):
@@ -1044,6 +1061,7 @@ def _swept_cells(results: dict) -> list[tuple[str, str]]:
     return sorted({tuple(key.rsplit("/", 1)[0].split("/", 1)) for key in results["sweep"]})
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes_swept.json",
                                   "capabilities_sweep_seeds.json"])
 def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
@@ -1057,6 +1075,7 @@ def test_readme_counts_the_sweeps_still_to_run_again_as_the_json_does(name):
     assert f"{len(stale)} of the {len(cells)} swept cells of `bench/results/{name}`" in _readme_words()
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("rerun, first", [("capabilities_alibi_slopes_swept.json", "capabilities_alibi_slopes.json"),
                                            ("capabilities_sweep_seeds.json", "capabilities.json")])
 def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
@@ -1095,6 +1114,7 @@ def test_readme_reruns_repeat_their_first_runs_to_the_digit(rerun, first):
         assert len(same_cpu) == len(pairs)
 
 
+@pytest.mark.bench
 def test_repeat_table_sets_each_seed0_point_beside_the_first_runs():
     """The README's table of repeats, on hand-made points: a rate repeats when validation and the training length's
     test figures are the same digits (a longer length that still parts is named); else the first figure that
@@ -1138,6 +1158,7 @@ def _cpu_kinds(name: str) -> tuple[dict, dict[tuple[str, str], dict]]:
     return results, {(row["model"], row["variant"]): row for row in results["rows"]}
 
 
+@pytest.mark.bench
 def test_bench_cpu_kinds_tasks_are_capabilities_tasks_with_a_vocabulary_and_length():
     """--task takes its vocabulary and length from bench/capabilities.py's TASKS: a choice without them would fail
     inside the worker, after the first variant had trained."""
@@ -1147,6 +1168,7 @@ def test_bench_cpu_kinds_tasks_are_capabilities_tasks_with_a_vocabulary_and_leng
         assert {"vocab_size", "sequence_length"} <= set(capabilities.TASKS[task][1]), task
 
 
+@pytest.mark.bench
 def test_readme_says_what_bench_cpu_kinds_found():
     """The README's account of which models' bits move with the CPU's vector width is bench/cpu_kinds.py's table:
     holding oneDNN one width lower moves every model with a GELU feed-forward, first at block 0's GELU, by the
@@ -1173,6 +1195,7 @@ def test_readme_says_what_bench_cpu_kinds_found():
     assert f"by {min(changes):.0e} to {max(changes):.0e} at most".replace("e-0", "e-") in readme
 
 
+@pytest.mark.bench
 def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
     """The README's account of the AVX-512 run is its table: oneDNN at AVX2 moves the GELU models first at GELU;
     ATen's and zoo's kernels at AVX2 beside it move the softmax-family models first inside attention (the output
@@ -1204,6 +1227,7 @@ def test_readme_says_what_bench_cpu_kinds_found_on_an_avx512_cpu_with_amx():
     assert all(all(equal_bits.values()) for equal_bits in kernels.values())
 
 
+@pytest.mark.bench
 def test_readme_says_what_moves_elita_at_induction_vocabulary_on_an_avx512_cpu():
     """At induction's vocabulary (256) ELiTA moves under ATen at AVX2 alone, with no module's output differing on
     the first batch, and the loss's log-softmax and cross-entropy gradient give other bits under that setting only;
@@ -1227,6 +1251,7 @@ def test_readme_says_what_moves_elita_at_induction_vocabulary_on_an_avx512_cpu()
             in readme)
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "0"], "--steps must be 1 to 1000 (bits part within a step or two), got 0"),
     (["--steps", "10000000"], "--steps must be 1 to 1000 (bits part within a step or two), got 10000000"),
@@ -1248,6 +1273,7 @@ def test_bench_cpu_kinds_refuses_bad_arguments_before_it_trains(argv, message, m
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+@pytest.mark.bench
 def test_bench_cpu_kinds_compares_weights_bit_for_bit_and_keeps_a_nan():
     """One float32 step apart is unequal; a NaN weight reads nan whatever the order of the weights (Python's max
     would return the 1.0 of the first weight here), an inf one inf."""
@@ -1265,6 +1291,7 @@ def test_bench_cpu_kinds_compares_weights_bit_for_bit_and_keeps_a_nan():
     assert not equal(with_inf, own) and largest_change(with_inf, own) == math.inf
 
 
+@pytest.mark.bench
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     """The README's note on the tie rule says how many swept cells tie on seed 0's best validation accuracy, that
     a loss difference under 0.003 nats decides each, and how many the middle of the tied rates would move; all
@@ -1291,6 +1318,7 @@ def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     assert f"the middle of the tied rates (the smaller of two) would move {moved} of them" in readme
 
 
+@pytest.mark.bench
 def test_bench_text_references_count_on_the_training_split_and_score_the_test_windows(tmp_path, monkeypatch,
                                                                                         capsys):
     """On "abab...", a 1-gram model is a coin (log 2 nats) and a 2-gram model knows every next character."""
@@ -1309,6 +1337,7 @@ def test_bench_text_references_count_on_the_training_split_and_score_the_test_wi
     assert "text file not found" in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_position(tmp_path):
     """The War and Peace recipes' path (LanguageModelTask on LongContextText, exported as a release), then
     bench/long_context.py on that release, against per-position losses computed here in float64."""
@@ -1379,6 +1408,7 @@ def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_po
         assert reach["loss"][str(length)] == pytest.approx(sum(slow) / len(slow), abs=1e-3)
 
 
+@pytest.mark.bench
 def test_capability_pictures_find_each_querys_answer_and_its_weight():
     from bench.capability_pictures import answers, on_answer
 
@@ -1395,6 +1425,7 @@ def test_capability_pictures_find_each_querys_answer_and_its_weight():
     assert even == pytest.approx((1 / 7 + 1 / 9) / 2)
 
 
+@pytest.mark.bench
 def test_capability_pictures_count_recall_by_how_far_back_the_answer_lies():
     from bench.capability_pictures import band, recall_by_distance
 
@@ -1426,6 +1457,7 @@ class PerfectRecall(torch.nn.Module):
         return logits
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("pos_embed", ["learned", "rope"])
 def test_capability_pictures_measure_recall_by_distance_over_every_reachable_test_set(pos_embed):
     from bench import capability_pictures
@@ -1443,6 +1475,7 @@ def test_capability_pictures_measure_recall_by_distance_over_every_reachable_tes
         assert max(int(k.split("-")[0]) for k in found["128"]) >= 32
 
 
+@pytest.mark.bench
 def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_files():
     from bench.capability_pictures import main
 
@@ -1454,6 +1487,7 @@ def test_capability_pictures_refuse_a_model_list_that_would_replace_the_tasks_fi
         main(["--models", "gpt-tiny:nope", "--name", "x"])
 
 
+@pytest.mark.bench
 def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_one(tmp_path, monkeypatch, capsys):
     """A picture's model trains as the table's seed 0 did: at its cell's swept rate (else the budget's), and a model
     kept from training at another rate is not taken for it."""
@@ -1496,6 +1530,7 @@ def test_capability_pictures_train_at_the_rate_the_suites_runs_use_unless_given_
     assert len(trained) == 3
 
 
+@pytest.mark.bench
 def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused_without_alibi(tmp_path, capsys):
     from bench import capabilities
 
@@ -1524,6 +1559,7 @@ def test_alibi_slopes_variant_builds_the_paper_steepest_two_heads_and_is_refused
     assert "is not one of the suite's (MODELS): its runs need a file of their own" in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_capability_pictures_find_each_induction_answer_and_the_weight_on_itself():
     from bench.capability_pictures import induction_answers, on_answer
 
@@ -1558,6 +1594,7 @@ class InductionLookup(torch.nn.Module):
         return logits
 
 
+@pytest.mark.bench
 def test_capability_pictures_count_induction_recall_by_the_answers_position():
     from bench import capability_pictures
 
@@ -1574,6 +1611,7 @@ def test_capability_pictures_count_induction_recall_by_the_answers_position():
         assert hits == (total if capability_pictures.band_start(name) < 8 else 0), name
 
 
+@pytest.mark.bench
 def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     from bench.hybrid_placement import OUT, mixes, model_size
 
@@ -1598,6 +1636,7 @@ def test_hybrid_placement_names_its_runs_and_builds_the_blocks_it_names():
     assert model.blocks[0].attn.positions == "alibi" and model.blocks[1].short_conv.width == 4
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("argv, message", [
     (["--conv", "1"], "--conv takes 0 (none) or a width from 2 to 64, got 1"),
     (["--depth", "0"], "--depth takes an int >= 1, got 0"),
@@ -1615,6 +1654,7 @@ def test_hybrid_placement_refuses_bad_arguments_in_one_line_before_training(argv
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.bench
 def test_ngram_references_of_the_long_context_bench_by_hand():
     from bench.long_context import ngram_loss
 
@@ -1631,6 +1671,7 @@ def test_ngram_references_of_the_long_context_bench_by_hand():
     assert ngram_loss(train, torch.tensor([0, 1, 2]), order=3, vocab=3) == pytest.approx(-math.log(2.1 / 2.3))
 
 
+@pytest.mark.bench
 def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
     """A release's card names its text relative to a data root, as CharText's does, and `zoo check` rebuilds
     the same held-out windows from it; the standard library's source needs no root at all."""
@@ -1649,6 +1690,7 @@ def test_long_text_is_rebuilt_by_zoo_check_from_its_description(tmp_path):
     assert datamodule_for({"training": {"data": stdlib}}, tmp_path / "nowhere").dataset == stdlib["name"]
 
 
+@pytest.mark.bench
 def test_benches_refuse_an_out_file_they_did_not_write(tmp_path, capsys):
     """--out naming another tool's file, text that is not JSON, JSON without a "runs" object, or a folder: one line
     that names the path, before anything runs, and the file left as it was."""
@@ -1668,6 +1710,7 @@ def test_benches_refuse_an_out_file_they_did_not_write(tmp_path, capsys):
     assert {name: (tmp_path / name).read_bytes() for name in cases} == cases
 
 
+@pytest.mark.bench
 def test_benches_refuse_to_show_a_file_without_runs(tmp_path, capsys):
     """--table, --markdown or --readme of a file not yet written (a mistyped path) or written with no run: one
     line that says so, not an empty table that reads as a finished run with nothing in it."""
@@ -1688,6 +1731,7 @@ def test_benches_refuse_to_show_a_file_without_runs(tmp_path, capsys):
     assert readme.read_text() == "a\n<!-- capabilities:mqar -->\n<!-- /capabilities -->\n"
 
 
+@pytest.mark.bench
 def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
     """A folder that is no release, a release of another text's characters, an image model, a text shorter
     than one window, a --long length that is not a positive whole number: each a one-line error naming what
@@ -1729,6 +1773,7 @@ def test_long_context_bench_refuses_in_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.bench
 def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypatch, capsys):
     """bench/capability_timeline.py: a snapshot every `every` steps, before training and at the last step; each
     snapshot's accuracy is the model's on the validation batch (the untrained one: a fresh model of the same seed,
@@ -1776,6 +1821,7 @@ def test_capability_timeline_measures_the_model_as_it_trains(tmp_path, monkeypat
     assert capability_timeline.OUT.read_text() == "[1, 2]"
 
 
+@pytest.mark.bench
 def test_readme_says_what_the_suite_cost_as_its_json_does():
     """The compute paragraph's figures, summed from the suite's records by hand: the short tasks' hours to run
     again (sweep points, and the runs no sweep chose), the long tasks', the grid's at lengths 64 and 128."""

@@ -135,10 +135,17 @@ def test_wheel_in_a_fresh_environment_is_the_product(tmp_path):
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("attention_zoo-*.whl")
     # The dependencies come from this interpreter's site-packages (they are not what is tested, and the
-    # machine has no network for them); zoo itself only from the wheel.
+    # machine has no network for them); zoo itself only from the wheel. They are named in a .pth file, not
+    # reached by --system-site-packages: run from a virtual environment, that would give the base interpreter's
+    # packages (without torch), not this environment's. Paths a .pth file adds have their own .pth files left
+    # unread, so this environment's editable zoo (a .pth file's import hook) stays out of the new one.
     venv = tmp_path / "venv"  # without a pip of its own (6 s to install): this one installs into it
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python, zoo_command = venv / "bin" / "python", venv / "bin" / "zoo"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    dependencies = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(purelib) / "suite_dependencies.pth").write_text("\n".join(dependencies) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
                     str(wheel)], check=True, capture_output=True)
     work = tmp_path / "elsewhere"

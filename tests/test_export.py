@@ -419,3 +419,20 @@ def test_two_processes_exporting_to_one_folder_take_turns(tmp_path):
 
     assert is_onnx_folder(tmp_path / "out") and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     check_onnx_folder("vit-tiny.mnist", tmp_path / "out")
+
+
+@pytest.mark.parametrize("name", ["incontext-gpt-tiny", "incontext-vit-tiny", "gpt-tiny", "vit-tiny"])
+def test_plain_torch_onnx_export_runs_in_onnx_runtime(name):
+    """PyTorch's own `torch.onnx.export(model, (x,), dynamo=True)`, as a user calls it, not zoo's exporter: the
+    in-context bias's heads once reached a reshape that torch.export could not decompose."""
+    import onnxruntime as ort
+
+    model = zoo.create(name).eval()
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randint(0, model.vocab_size, (2, 16), generator=generator) if hasattr(model, "vocab_size")
+         else torch.randn(2, *model.input_shape, generator=generator))
+    program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.as_tensor(got), model(x), rtol=1e-4, atol=1e-4)

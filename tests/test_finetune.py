@@ -10,6 +10,7 @@ checkpoints are the shipped ones.
 import json
 import logging
 import math
+import re
 
 import lightning as L
 import pytest
@@ -352,3 +353,65 @@ def test_fine_tuning_with_a_new_tokenizer_starts_the_embedding_afresh(tmp_path, 
     assert task.model.tokenizer.to_dict() == dm.tokenizer.to_dict() and task.model.vocab_size == dm.vocab_size
     assert torch.equal(task.model.blocks[0].mlp[0].weight, base.blocks[0].mlp[0].weight)
     assert "token embedding (tied to the output layer) re-initialized" in warnings_of(caplog)
+
+
+def test_a_python_fine_tune_takes_its_data_modules_data_info(tmp_path):
+    """A task built without data_info and trained with L.Trainer.fit (no command line to link the two) is
+    fitted to the data module: its release says the data's normalization and classes, and the card's accuracy
+    is what `classify` gives on the same test images. Exported before it is fitted, it is refused."""
+    from zoo.data import Digits
+    from zoo.release.export import export
+
+    data = Digits(batch_size=64)
+    task = ClassificationTask(model_name="micro-vit-tiny", model_overrides={"depth": 1}, warmup_steps=1)
+    assert task.model.config["img_size"] == 28 and task.model.config["mean"] != data.data_info["mean"]
+    with pytest.raises(ValueError, match=r"the model was built with .*data_info=datamodule\.data_info"):
+        export(task, data, tmp_path / "too-early")
+    assert not (tmp_path / "too-early").exists()
+    quick_trainer(tmp_path, max_steps=3, limit_val_batches=1).fit(task, datamodule=data)
+    info = data.data_info
+    for key, built in (("img_size", 8), ("mean", info["mean"]), ("std", info["std"]),
+                       ("label_names", info["label_names"]), ("num_classes", info["num_classes"])):
+        assert task.model.config[key] == built, key
+    folder, metrics = export(task, data, tmp_path / "release")
+    model = zoo.load(folder).eval()
+    assert model.config["mean"] == info["mean"] and model.config["std"] == info["std"]
+    images, labels = Digits(batch_size=64).load("test")  # raw pixels in [0, 1]: classify normalizes them
+    predicted = [top[0][0] for top in model.classify(images.numpy(), top_k=1)]
+    accuracy = sum(p == info["label_names"][y] for p, y in zip(predicted, labels.tolist())) / len(labels)
+    assert metrics["test/acc"] == pytest.approx(accuracy, abs=5e-6)
+
+
+def test_a_python_language_model_takes_its_data_modules_tokenizer(tmp_path):
+    """The language-model counterpart: gpt-tiny built without data_info, trained with L.Trainer.fit on a text
+    whose characters are not gpt-tiny's default 65, is built again with the data's tokenizer, and keeps it."""
+    file = tmp_path / "small.txt"
+    file.write_text("abc cab bac\n" * 40)
+    data = CharText(path=str(file), context_length=16, batch_size=4)
+    task = LanguageModelTask(model_name="gpt-tiny", model_overrides={"depth": 1}, warmup_steps=1, sample_tokens=2)
+    assert task.model.tokenizer is None and task.model.vocab_size == 65
+    quick_trainer(tmp_path, max_steps=2, limit_val_batches=1).fit(task, datamodule=data)
+    assert task.model.vocab_size == 5 and task.model.tokenizer.to_dict() == data.tokenizer.to_dict()
+    assert task.model.config["depth"] == 1  # the user's overrides kept
+    assert task.model.generate("ab", 3, temperature=0)[:2] == "ab"
+
+
+@pytest.mark.parametrize("overrides, said", [
+    ({"depth": 6}, r"blocks\.4, blocks\.5 start from fresh weights \(the checkpoint has none\)"),
+    ({"num_heads": 8}, r"changed num_heads 4 -> 8, which no weight adaptation covers"),
+    ({"attention": "quiet"}, r"changed attention 'softmax' -> 'quiet', which no weight adaptation covers"),
+])
+def test_a_change_no_adaptation_covers_is_said_in_one_warning(overrides, said, caplog):
+    """Fine-tuning from a 4-block, 4-head checkpoint with more blocks, other heads or another attention keeps
+    what weights it can, and says in one warning what is new or now computes something else."""
+    with caplog.at_level(logging.WARNING, logger="zoo.training.source"):
+        model = start_from("gpt-tiny.shakespeare", overrides)
+    assert model.config[next(iter(overrides))] == next(iter(overrides.values()))
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and re.search(said, warned[0]), warned
+
+
+def test_a_change_of_dropout_alone_warns_of_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="zoo.training.source"):
+        start_from("gpt-tiny.shakespeare", {"drop_rate": 0.1})
+    assert not warnings_of(caplog)

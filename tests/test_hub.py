@@ -168,7 +168,12 @@ def test_timm_create_model_from_hub(hub, tmp_path):
     assert torch.equal(model.eval()(x), hub["model"](x))
     # timm's own reading of our config.json: the architecture, the classes, the preprocessing
     cfg = timm.data.resolve_data_config({}, model=model)
-    assert cfg["input_size"] == (1, 28, 28)
+    want = hub["model"].data_cfg()
+    assert cfg["input_size"] == (1, 28, 28) == want["input_size"]
+    # the model's own normalization, not timm's ImageNet defaults (0.485, 0.456, 0.406)
+    assert tuple(cfg["mean"]) == tuple(want["mean"]) and tuple(cfg["std"]) == tuple(want["std"])
+    assert cfg["crop_pct"] == want["crop_pct"] and cfg["interpolation"] == want["interpolation"]
+    assert model.pretrained_cfg["num_classes"] == want["num_classes"]
     retarget = timm.create_model("hf-hub:zoo-test/ready", pretrained=True, num_classes=5, cache_dir=tmp_path)
     assert retarget.num_classes == 5 and torch.equal(retarget.patch_embed.weight, model.patch_embed.weight)
 

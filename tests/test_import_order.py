@@ -19,17 +19,13 @@ ORDERS = {
     "zoo, then timm": "import zoo",
     "timm, then zoo": "import timm, zoo",
     "zoo, find_spec('timm'), then timm": "import zoo, importlib.util; assert importlib.util.find_spec('timm')",
-    "zoo, find_spec('timm') twice, then timm": "import zoo, importlib.util; importlib.util.find_spec('timm'); "
-                                               "importlib.util.find_spec('timm')",
     "zoo, lightning, then timm": "import zoo, lightning",
     "lightning, zoo, then timm": "import lightning, zoo",
-    "timm, lightning, then zoo": "import timm, lightning, zoo",
     "zoo.models alone, then timm": "import zoo.models",
 }
 WITH_TRANSFORMERS = {
     "zoo, transformers, then timm": "import zoo, transformers",
     "transformers, zoo, then timm": "import transformers, zoo",
-    "zoo, transformers' AutoModel, then timm": "import zoo; from transformers import AutoModel",
 }
 
 

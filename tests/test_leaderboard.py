@@ -118,6 +118,7 @@ def test_cells_and_markdown_match_a_hand_computed_mean_and_sample_std():
     assert leaderboard.cells(results, [lower])[0]["seeds_meeting_target"] == 1  # 0.90 <= 0.91 only
 
 
+@pytest.mark.bench
 def test_the_bench_table_is_the_package_table():
     """bench/leaderboard.py's groups through the package: the committed cells and commands come out again."""
     sys.path.insert(0, str(REPO))

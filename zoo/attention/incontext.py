@@ -213,8 +213,10 @@ class InContextAttention(nn.Module):
         return q, k, v
 
     def _merge_heads(self, out: torch.Tensor) -> torch.Tensor:
-        b, _, n, _ = out.shape
-        return self.proj(out.transpose(1, 2).reshape(b, n, self.dim))
+        # The heads side by side, (B, L, H * d), by concatenation rather than transpose-and-reshape: with a per-row
+        # bias PyTorch's CPU kernel returns its heads laid out (B, L, H, d), torch.export records that reshape as a
+        # view, and its own decomposition (ONNX export) then cannot take it. A concatenation has no layout to assume.
+        return self.proj(torch.cat(out.unbind(1), dim=-1))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, *,
                 attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:

@@ -22,6 +22,8 @@ def export(task: L.LightningModule, datamodule, outdir, command: str | None = No
     config.json beside the metrics, so that the card can be written again from the folder.
     """
     refuse_nonfinite(task.model, "the model")
+    if callable(getattr(task, "check_fits", None)):  # a model released with another data's classes or statistics
+        task.check_fits(datamodule)
     datamodule.setup("test")
     metrics = task.evaluate(datamodule.test_dataloader())
     data = datamodule.describe() if hasattr(datamodule, "describe") else {"name": type(datamodule).__name__}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from zoo.models.registry import create
 from zoo.training import finetune, optim
 from zoo.training.source import saved_config
 
+log = logging.getLogger(__name__)
 
 def fit_to_data(model_name: str, overrides: dict, data_info: dict | None) -> dict:
     """Model keyword arguments that make `model_name` (a registered model or a checkpoint) fit the data, with
@@ -35,6 +38,14 @@ def fit_to_data(model_name: str, overrides: dict, data_info: dict | None) -> dic
         raise ValueError(f"model_overrides sets num_classes={overrides['num_classes']}, but the data has "
                          f"{kwargs['num_classes']} classes: remove the override")
     return {**kwargs, **overrides}
+
+
+def _differences(model, kwargs: dict) -> list[str]:
+    """The constructor arguments in `kwargs` that `model` was not built with (JSON's lists for tuples)."""
+    def plain(value):
+        return list(value) if isinstance(value, tuple) else value
+
+    return [key for key, value in kwargs.items() if plain(model.config.get(key)) != plain(value)]
 
 
 def build_model(model_name: str, kwargs: dict, model_config: dict | None):
@@ -87,14 +98,40 @@ class ClassificationTask(L.LightningModule):
         optim.check_hyperparameters(lr, weight_decay, warmup_steps, label_smoothing)
         finetune.check_finetune(layer_decay, freeze_blocks)
         self.save_hyperparameters()
+        self._fitted_to_data = model_config is not None  # a checkpoint's model: fitted when it was built
         kwargs = fit_to_data(model_name, model_overrides or {}, data_info) if model_config is None else {}
-        self.model = build_model(model_name, kwargs, model_config)
+        self._build(build_model(model_name, kwargs, model_config))
+
+    def _build(self, model) -> None:
+        self.model = model
         self.hparams.model_config = saved_config(self.model)
-        finetune.freeze(self.model, freeze_blocks)
+        finetune.freeze(self.model, self.hparams.freeze_blocks)
         self.num_classes = self.model.num_classes
         self.val_metrics = self._metrics("val/")
         self.test_metrics = self._metrics("test/")
         self.confusion = torchmetrics.ConfusionMatrix(**self._kind())
+
+    def setup(self, stage: str) -> None:
+        """Fit the model to the data module's `data_info` where the task was built without it (in Python, where
+        no command line links the two): a model built for MNIST's classes, normalization and label names would
+        otherwise be trained on a folder of photographs and released as knowing MNIST's. The model is rebuilt
+        from `model_name` before any optimizer step, with the data's classes, channels, input size, mean, std and
+        label names (a checkpoint's weights adapted as `zoo fit` adapts them), and the change is logged."""
+        data = self.trainer.datamodule if self._trainer is not None else None
+        info = getattr(data, "data_info", None) if data is not None else None
+        if self.hparams.data_info is not None or self._fitted_to_data or not isinstance(info, dict):
+            return
+        kwargs = fit_to_data(self.hparams.model_name, self.hparams.model_overrides or {}, info)
+        if not _differences(self.model, kwargs):
+            self.hparams.data_info = info
+            return
+        device = next(self.model.parameters()).device
+        self._build(build_model(self.hparams.model_name, kwargs, None).to(device))
+        self.hparams.data_info = info
+        self._fitted_to_data = True
+        log.info("ClassificationTask: built %s for %s's data_info (%d classes, mean %s, std %s), as `zoo fit` "
+                 "links it; pass data_info=datamodule.data_info to build it so at once", self.hparams.model_name,
+                 type(data).__name__, self.num_classes, info.get("mean"), info.get("std"))
 
     def _kind(self) -> dict:
         n = self.num_classes
@@ -151,6 +188,23 @@ class ClassificationTask(L.LightningModule):
     def predict_step(self, batch, batch_idx):
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(x).softmax(-1)
+
+    def check_fits(self, datamodule) -> None:
+        """Refuse, in one line, to release this model with metrics measured on data it was not built for (other
+        classes, normalization or label names than the data module's `data_info`): its card and `classify`
+        would disagree."""
+        info = getattr(datamodule, "data_info", None)
+        if not isinstance(info, dict):
+            return
+        kwargs = fit_to_data(self.hparams.model_name, self.hparams.model_overrides or {}, info)
+        differing = _differences(self.model, kwargs)
+        if differing:
+            key = differing[0]
+            raise ValueError(f"the model was built with {key}={self.model.config.get(key)!r}, but "
+                             f"{type(datamodule).__name__}'s data_info gives {kwargs[key]!r} "
+                             f"({', '.join(differing)} differ): build the task with "
+                             "data_info=datamodule.data_info (as `zoo fit` links it), or train it with the Trainer "
+                             "on this data module, which fits it, before exporting")
 
     @torch.no_grad()
     def evaluate(self, loader) -> dict:

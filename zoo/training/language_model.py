@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import lightning as L
@@ -13,6 +14,13 @@ from zoo.models.registry import create
 from zoo.models.tokenizer import BPETokenizer, describe
 from zoo.training import finetune, optim
 from zoo.training.source import is_checkpoint, model_from_config, saved_config, source_family, start_from
+
+log = logging.getLogger(__name__)
+
+
+def _model_arguments(data_info: dict | None) -> dict:
+    """The data's model arguments; a sequence task's keys (test_lengths, loss_by_position) are not the model's."""
+    return {k: v for k, v in (data_info or {}).items() if k in ("vocab_size", "tokenizer", "context_length")}
 
 
 class LanguageModelTask(L.LightningModule):
@@ -57,8 +65,8 @@ class LanguageModelTask(L.LightningModule):
         finetune.check_finetune(layer_decay, freeze_blocks)
         self.save_hyperparameters()
         overrides = dict(model_overrides or {})
-        # the data's model arguments; a sequence task's keys (test_lengths, loss_by_position) are not the model's
-        data_info = {k: v for k, v in (data_info or {}).items() if k in ("vocab_size", "tokenizer", "context_length")}
+        data_info = _model_arguments(data_info)
+        self._fitted_to_data = model_config is not None or is_checkpoint(model_name)  # those keep their tokenizer
         if model_config is None and is_checkpoint(model_name):
             if source_family(model_name) != "text":
                 raise ValueError(f"{model_name!r} is not a language model; LanguageModelTask needs a text model "
@@ -80,7 +88,29 @@ class LanguageModelTask(L.LightningModule):
         return "bits_per_token" if isinstance(self.model.tokenizer, BPETokenizer) else "bpc"
 
     def setup(self, stage: str) -> None:
+        self._fit_to_data()
         self._match_tokenizer()
+
+    def _fit_to_data(self) -> None:
+        """A registered model built without data_info (in Python, where no command line links the data module
+        to the task) is built again with the data's vocabulary and tokenizer before any step, and says so: it
+        would otherwise train on ids of a vocabulary it does not know and be released without its tokenizer."""
+        data = self.trainer.datamodule if self._trainer is not None else None
+        info = getattr(data, "data_info", None) if data is not None else None
+        if self.hparams.data_info is not None or self._fitted_to_data or not isinstance(info, dict):
+            return
+        args = {**_model_arguments(info), **(self.hparams.model_overrides or {})}
+        self._fitted_to_data = True
+        self.hparams.data_info = info
+        if all(self.model.config.get(key) == value for key, value in args.items()):
+            return
+        device = next(self.model.parameters()).device
+        self.model = create(self.hparams.model_name, **args).to(device)
+        self.hparams.model_config = saved_config(self.model)
+        finetune.freeze(self.model, self.hparams.freeze_blocks)
+        log.info("LanguageModelTask: built %s for %s's data_info (vocabulary of %d), as `zoo fit` links it; pass "
+                 "data_info=datamodule.data_info to build it so at once", self.hparams.model_name,
+                 type(data).__name__, self.model.vocab_size)
 
     def _match_tokenizer(self) -> None:
         """The data must be tokens of the model's tokenizer: a data module that can, re-encodes its text with it

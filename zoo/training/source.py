@@ -74,6 +74,8 @@ def saved_config(model: nn.Module) -> dict:
 # the arguments whose changes the weights are adapted to (the others change no shape, or are refused)
 ADAPTED = {"num_classes", "in_chans", "img_size", "mean", "std", "label_names", "tokenizer", "vocab_size"}
 ADAPTABLE = "num_classes, in_chans, img_size (ViTs), mean, std, label_names, and a new tokenizer"
+# the arguments that change only how a model trains, not what its weights compute
+HARMLESS = {"drop_rate", "drop_path_rate"}
 
 
 def start_from(source: str, overrides: dict) -> nn.Module:
@@ -160,7 +162,26 @@ def _adapted_state(base: nn.Module, model: nn.Module, source: str, changed: set[
         raise ValueError(f"{source}: the arguments changed ({', '.join(sorted(changed))}) reshape weights that "
                          f"cannot be adapted: {shown}. Starting from a checkpoint may change {ADAPTABLE}; "
                          f"anything else needs a model trained from scratch")
+    _say_what_else_changed(base, model, source, changed, state)
     return state
+
+
+def _say_what_else_changed(base: nn.Module, model: nn.Module, source: str, changed: set[str], state: dict) -> None:
+    """One warning for what no adaptation covers, as each adaptation has its own: tensors the checkpoint does
+    not have (more blocks: depth=6 from a 4-block checkpoint), and arguments that keep every shape but change
+    what the kept weights compute (num_heads splits q, k and v into other heads; another attention reads them
+    otherwise)."""
+    renewed = ("head.", "tok_embed.") if changed & {"num_classes", "tokenizer", "vocab_size"} else ()
+    fresh = sorted({".".join(name.split(".")[:2]) if name.startswith("blocks.") else name
+                    for name in model.state_dict() if name not in state and not name.startswith(renewed)},
+                   key=lambda n: [int(p) if p.isdigit() else p for p in n.split(".")])
+    others = [f"{key} {_plain(base.config.get(key))!r} -> {_plain(model.config.get(key))!r}"
+              for key in sorted(changed - ADAPTED - HARMLESS)]
+    if others or fresh:
+        log.warning("%s: %s%s%s; fine-tune before use", source, f"changed {', '.join(others)}, which no weight "
+                    "adaptation covers (the kept weights compute another function)" if others else "",
+                    "; " if others and fresh else "",
+                    f"{', '.join(fresh)} start from fresh weights (the checkpoint has none)" if fresh else "")
 
 
 def _adapt_channels(weight: torch.Tensor, in_chans: int, base_chans: int) -> torch.Tensor:
