@@ -85,7 +85,9 @@ FADING = {"elita": {"positions": "alibi", "pos_dim": 0}, "micro": {"positions": 
 # "name:w128": the model at width 128 (Zoology's grid, below); "name:alibi:bias_max2": ALiBi with the slopes
 # 2^(-2 h / heads) (the paper's exponent 8 replaced by 2: at 2 heads 1/2 and 1/4, the steepest two of the
 # paper's eight heads), "name:alibi:bias_max2-16" 2 in the first block and 16 in the second; tried outside
-# the suite (a file of its own, below); variants combine: "name:conv:w128"
+# the suite (a file of its own, below); variants combine: "name:conv:w128". "name:shipped" is the registered
+# architecture exactly as `zoo.create(name)` builds it (its width, depth, heads and initialization), with only
+# the task's vocabulary and length: the model a figure for `name` itself must be measured on
 CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
@@ -172,6 +174,8 @@ def model_spec(model: str, tiny: bool = False) -> tuple[str, dict]:
     variants described at MODELS."""
     size = TINY_SIZE if tiny else SIZE
     name, *variants = model.split(":")
+    if variants == ["shipped"]:  # the registered architecture as shipped: its own size, depth and initialization
+        return name, {}
     for variant in variants:
         if variant == "alibi" and name.split("-")[0] in FADING:  # the mechanism's own fading option
             size = {**size, "attention_options": dict(FADING[name.split("-")[0]])}

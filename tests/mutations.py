@@ -105,7 +105,7 @@ MUTATIONS = (
              "zoo/models/tokenizer.py",
              "return {\"type\": \"char\", \"chars\": self.chars}",
              "return {\"type\": \"char\", \"chars\": \"\".join(sorted(self.chars))}",
-             ("tests/test_models.py", "tests/test_generate.py")),
+             ("tests/test_models.py::test_a_tokenizer_round_trips_through_a_release_folder",)),
     Mutation("swap's projections: the output projection's bias is not carried over",
              "zoo/attention/swap.py",
              "                    linear.bias.copy_(bias)\n",
@@ -114,7 +114,8 @@ MUTATIONS = (
     Mutation("swap's projections: cross-attention's queries through the key rows of qkv",
              "zoo/attention/softmax.py",
              "q = F.linear(x, weight[: self.dim], None if bias is None else bias[: self.dim])",
-             "q = F.linear(x, weight[self.dim : 2 * self.dim], None if bias is None else bias[self.dim : 2 * self.dim])",
+             "q = F.linear(x, weight[self.dim : 2 * self.dim], None if bias is None else "
+             "bias[self.dim : 2 * self.dim])",
              ("tests/test_swap.py",)),
     Mutation("registration: the timm hook is used up by a find_spec before timm is imported",
              "zoo/release/timm_hook.py",
@@ -136,27 +137,33 @@ def _env(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree), "ZOO_DATA": data, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def check(mutation: Mutation) -> dict:
-    """Plant the mutation in a copy, run its tests there: {"name", "caught", "seconds", "output"}."""
-    source = (REPO / mutation.file).read_text()
-    count = source.count(mutation.old)
-    if count != 1:
-        raise SystemExit(f"mutation {mutation.name!r}: its line occurs {count} times in {mutation.file} "
-                         f"(expected once): update it with the code")
-    start = time.monotonic()
+def _run_tests(mutation: Mutation | None, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """`tests` on a copy of the tree with `mutation` planted (None: the tree as it is)."""
     with tempfile.TemporaryDirectory(prefix="zoo-mutation-") as tmp:
         tree = Path(tmp) / "repo"
         _copy(tree)
-        (tree / mutation.file).write_text(source.replace(mutation.old, mutation.new))
+        if mutation is not None:
+            source = (REPO / mutation.file).read_text()
+            (tree / mutation.file).write_text(source.replace(mutation.old, mutation.new))
         env = _env(tree)
         where = subprocess.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tree, env=env,
                                capture_output=True, text=True)
         if not where.stdout.strip().startswith(str(tree)):
             raise SystemExit(f"the copy's zoo is not the one imported ({where.stdout.strip() or where.stderr}); "
                              "the mutation would be tested on the unchanged code")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p",
-                               "no:cacheprovider", "-n", "0", "-m", "not slow", *mutation.tests],
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p",
+                               "no:cacheprovider", "-n", "0", "-m", "not slow", *tests],
                               cwd=tree, env=env, capture_output=True, text=True)
+
+
+def check(mutation: Mutation) -> dict:
+    """Plant the mutation in a copy, run its tests there: {"name", "caught", "seconds", "output"}."""
+    count = (REPO / mutation.file).read_text().count(mutation.old)
+    if count != 1:
+        raise SystemExit(f"mutation {mutation.name!r}: its line occurs {count} times in {mutation.file} "
+                         f"(expected once): update it with the code")
+    start = time.monotonic()
+    done = _run_tests(mutation, mutation.tests)
     if done.returncode not in (0, 1):
         raise SystemExit(f"mutation {mutation.name!r}: its tests could not run (pytest exit {done.returncode}):\n"
                          f"{(done.stdout + done.stderr)[-3000:]}")
@@ -179,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mutation {unknown[0]!r}; --list names them")
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    # the named tests pass on the tree as it is, so that a failure under a mutation is the mutation's doing
+    targets = tuple(dict.fromkeys(test for m in chosen for test in m.tests))
+    unchanged = _run_tests(None, targets)
+    if unchanged.returncode != 0:
+        raise SystemExit(f"the mutations' tests fail on the unchanged tree (pytest exit {unchanged.returncode}); "
+                         f"fix them first:\n{(unchanged.stdout + unchanged.stderr)[-3000:]}")
+    print(f"unchanged tree: the {len(targets)} test targets pass", flush=True)
     results = []
     for mutation in chosen:
         result = check(mutation)

@@ -193,3 +193,24 @@ def test_processes_started_together_build_the_kernels_once(tmp_path):
     errs = [p.communicate(timeout=900)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errs
     assert sum("building the compiled CPU kernels" in e for e in errs) == 1, errs
+
+
+def test_a_recipe_file_named_with_its_suffix_wins_and_a_dangling_link_is_refused(tmp_path, monkeypatch, capsys):
+    """`--config quickstart` with ./quickstart.yaml here reads that file, as the README says a local file wins;
+    a dangling ./quickstart link is refused, never taken for the packaged recipe."""
+    from zoo.cli.lightning import resolve_configs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart.yaml").write_text("data: {class_path: zoo.data.Digits}\n")
+    assert resolve_configs(["fit", "--config", "quickstart"]) == ["fit", "--config", "quickstart.yaml"]
+    assert "reading the file ./quickstart.yaml" in capsys.readouterr().err
+    (tmp_path / "quickstart.yaml").unlink()
+    (tmp_path / "quickstart").symlink_to(tmp_path / "gone.yaml")
+    assert "quickstart is a link to" in error_of(["fit", "--config", "quickstart"])
+
+
+def test_zoo_without_a_command_is_a_usage_error():
+    done = subprocess.run([sys.executable, "-m", "zoo.cli"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "usage: zoo COMMAND" in done.stderr and not done.stdout
+    helped = subprocess.run([sys.executable, "-m", "zoo.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "usage: zoo COMMAND" in helped.stdout

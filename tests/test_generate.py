@@ -87,6 +87,21 @@ def test_a_list_of_strings_returns_a_list_of_strings():
     assert [len(t) for t in got] == [15, 12, 21] and got[1].startswith("or")
 
 
+def test_the_cli_continues_every_prompt_given(capsys):
+    # `zoo generate --prompt a --prompt b` continued only b
+    from zoo.cli.generate import generate_command
+
+    model = zoo.load("gpt-tiny.shakespeare")
+    prompts = ["ROMEO:", "To be", "O"]
+    argv = ["gpt-tiny.shakespeare", "--max-new-tokens", "12", "--temperature", "0"]
+    generate_command([*argv, *(arg for p in prompts for arg in ("--prompt", p))])
+    want = [model.generate(p, 12, temperature=0) for p in prompts]
+    # in the order given, each on lines of its own, a line of 40 dashes between two
+    assert capsys.readouterr().out == ("\n" + "-" * 40 + "\n").join(want) + "\n"
+    generate_command([*argv, "--prompt", "To be"])  # one prompt: its continuation alone, as before
+    assert capsys.readouterr().out == want[1] + "\n"
+
+
 def test_stop_tokens_end_each_row_at_its_first_stop_which_it_keeps():
     model = sharp("gpt-tiny")
     full = [model.generate(p, 30, temperature=0)[0].tolist() for p in PROMPTS]  # unstopped, alone

@@ -110,3 +110,36 @@ def test_two_architectures_cannot_share_a_class_name():
         register("impostor-vit", "image", ImageTransformer)
     with pytest.raises(ValueError, match=r"family must be one of \['image', 'fused', 'text'\], got 'audio'"):
         register("audio-net", "audio", nn.Linear)
+
+
+def test_a_plugin_that_fails_to_import_is_named_and_the_others_still_load(site, tmp_path):
+    """An installed plugin whose import raises breaks nothing else: a warning names it, and the folder of a
+    class another plugin registers still loads."""
+    for name, module in (("broken", "brokenzoo"), ("userzoo", "userzoo.models")):
+        dist = tmp_path / f"{name}-1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (dist / "entry_points.txt").write_text(f"[zoo.models]\n{name} = {module}\n")
+    (tmp_path / "brokenzoo.py").write_text("raise RuntimeError('this plugin is broken')\n")
+    loaded = run(f'''
+        import warnings, zoo
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = zoo.load({str(site.parent / "release")!r})
+        print(type(model).__name__)
+        print([str(w.message) for w in caught if "plugin" in str(w.message)])
+    ''', site, extra_path=str(tmp_path))
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    name, said = loaded.stdout.strip().splitlines()
+    assert name == "ScaledViT"
+    assert "plugin 'broken' (brokenzoo, from broken) failed to import" in said and "this plugin is broken" in said
+
+
+@pytest.mark.parametrize("name", ["probe.net", "org/model", "hf-hub:x", "", "-leading", "a b"])
+def test_a_name_that_would_be_read_as_something_else_is_refused(name):
+    from torch import nn
+
+    from zoo.models.registry import register
+
+    with pytest.raises(ValueError, match="a model name is letters, digits"):
+        register(name, "image", nn.Linear)

@@ -10,6 +10,8 @@ it got, raised before any work is done.
 
 import copy
 import json
+import math
+import os
 
 import numpy as np
 import pytest
@@ -144,6 +146,28 @@ def test_generate_refuses_a_model_whose_logits_overflow():
         model.generate([1, 2], 3, temperature=0)
 
 
+@pytest.mark.parametrize("prompt", [[[[1, 2], [3, 4]]], [[[1, 2]]], [[1, 2], [[3, 4]]]], ids=short_id)
+def test_generate_refuses_a_prompt_nested_one_level_too_deep(prompt):
+    # [[[1, 2], [3, 4]]] was read as the prompt [1, 2] (its first row) and continued
+    with pytest.raises(TypeError, match=r"a list of token ids, a list of lists of token ids .*a string .*tokenizer.*"
+                                        r"integer tensor.*prompt \d is nested too deep") as e:
+        GPT.generate(prompt, 3, temperature=0)
+    one_line(e)
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-5, 9.99e-5])
+def test_generate_refuses_a_temperature_too_small_to_divide_logits_by(temperature):
+    # 1e-300 passed the check and crashed in torch.multinomial: logits / 1e-300 overflow to inf
+    with pytest.raises(ValueError, match=r"temperature must be 0 \(greedy\) or a finite number >= 0.0001") as e:
+        GPT.generate([1, 2], 3, temperature=temperature, seed=0)
+    one_line(e)
+
+
+def test_generate_takes_the_smallest_temperature_and_zero():
+    greedy = GPT.generate([1, 2], 4, temperature=0)
+    assert GPT.generate([1, 2], 4, temperature=1e-4, seed=0).shape == greedy.shape == (1, 6)
+
+
 # ---- classify ----------------------------------------------------------------------------------
 
 VIT = zoo.create("vit-tiny", depth=1).eval()
@@ -190,6 +214,44 @@ def test_classify_refuses_overflowing_logits_and_handles_huge_finite_ones():
         model.head.weight.fill_(3e38)  # the reproducer: logits overflow to inf
     with pytest.raises(ValueError, match="produced non-finite logits .* weights are likely too large") as e:
         model.classify(x)
+    one_line(e)
+
+
+def _digits(n: int, seed: int = 0) -> list[np.ndarray]:
+    return list(np.random.default_rng(seed).integers(0, 256, (n, 28, 28), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("kind", ["pil", "array", "tensor"])
+def test_classify_reads_a_list_of_images_as_a_batch(kind):
+    from PIL import Image
+
+    digits = _digits(3)
+    items = {"pil": [Image.fromarray(d) for d in digits], "array": digits,
+             "tensor": [torch.from_numpy(d) for d in digits]}[kind]
+    alone = [VIT.classify(item, top_k=2) for item in items]
+    assert VIT.classify(items, top_k=2) == alone
+    assert VIT.classify(tuple(items), top_k=2) == alone
+    assert VIT.classify(items[:1], top_k=2) == alone[:1]  # a list of one is a batch of one
+    assert VIT.classify(items[0], top_k=2) == alone[0]  # one image, one result
+
+
+def test_classify_reads_a_list_of_grey_pil_images_as_a_batch_on_an_rgb_model():
+    # np.asarray of three greyscale images is (3, 28, 28): an RGB model read them as one image's three channels
+    from PIL import Image
+
+    rgb = zoo.create("vit-tiny", depth=1, in_chans=3, mean=(0.5,) * 3, std=(0.5,) * 3).eval()
+    images = [Image.fromarray(d) for d in _digits(3, seed=1)]
+    got = rgb.classify(images)
+    assert len(got) == 3 and got == [rgb.classify(image) for image in images]
+
+
+def test_classify_refuses_a_list_item_that_is_not_one_image():
+    batch = torch.rand(2, 1, 28, 28)
+    with pytest.raises(ValueError, match=r"reads a list as a batch, one item each: item 1 holds 2") as e:
+        VIT.classify([torch.rand(28, 28), batch])
+    one_line(e)
+    with pytest.raises(ValueError, match=r"item 0: .*takes inputs of shape \(1, 28, 28\)") as e:
+        VIT.classify([torch.rand(3, 28, 28)])
     one_line(e)
 
 
@@ -321,3 +383,75 @@ def test_a_release_config_with_such_values_is_refused_naming_the_file(tmp_path, 
     with pytest.raises(REFUSED, match=message) as e:
         zoo.load(folder)
     assert "config.json" in one_line(e)
+
+
+# ---- evaluate_text -----------------------------------------------------------------------------
+
+
+def _bpe_model(tokenizer):
+    torch.manual_seed(1)
+    return zoo.create("gpt-tiny", depth=1, embed_dim=32, num_heads=2, context_length=16,
+                      vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.to_dict()).eval()
+
+
+@pytest.mark.parametrize(("training", "vocab_size", "text", "scored_bytes"), [
+    # no merges: every token is one byte, and the first, b"\xe2", is a third of the euro sign (3 bytes): the
+    # 8 bytes of "€ab é" (é is 2) less that one byte
+    ("abc", 256, "€ab é", 7),
+    # one merge, b"\xe2\x82" (the first two bytes of every subscript digit, and of €): the first token ends two
+    # bytes into "€"; of the 9 bytes of "€ab\n€", 7 are predicted: b"\xac", "a", "b", "\n", b"\xe2\x82", b"\xac"
+    ("₁₂₃₄₅₆₇₈₉", 257, "€ab\n€", 7),
+])
+def test_bits_per_byte_count_the_bytes_of_the_predicted_tokens(tmp_path, training, vocab_size, text, scored_bytes):
+    pytest.importorskip("tokenizers")
+    from zoo.models.tokenizer import BPETokenizer
+    from zoo.training.evaluate import evaluate_text
+
+    tokenizer = BPETokenizer.from_text(training, vocab_size=vocab_size)
+    assert tokenizer.vocab_size == vocab_size  # the merges the counts above assume
+    file = tmp_path / "t.txt"
+    file.write_text(text, encoding="utf-8")
+    got = evaluate_text(_bpe_model(tokenizer), file, context_length=16)
+    assert got["bytes"] == scored_bytes
+    assert got["bits_per_byte"] == pytest.approx(got["loss"] * got["tokens"] / math.log(2) / scored_bytes)
+
+
+def test_evaluate_refuses_a_text_file_above_the_size_limit_before_reading_it(tmp_path, monkeypatch):
+    from zoo.training import evaluate
+
+    model = _bpe_model(CharTokenizer("ab\n"))
+    file = tmp_path / "t.txt"
+    file.write_text("ab\n" * 40)  # 120 bytes
+    monkeypatch.setattr(evaluate, "MAX_TEXT_BYTES", 120)
+    assert evaluate.evaluate_text(model, file)["bytes"] == 119
+    monkeypatch.setattr(evaluate, "MAX_TEXT_BYTES", 119)
+    monkeypatch.setattr("zoo.data.text.read_text", lambda *a: pytest.fail("read a file over the limit"))
+    with pytest.raises(ValueError, match=r"t.txt holds 120 bytes, more than the limit of 119 bytes") as e:
+        evaluate.evaluate_text(model, file)
+    one_line(e)
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo"])
+def test_evaluate_refuses_a_file_that_is_not_a_regular_file(tmp_path, kind):
+    # /dev/zero was read until MemoryError; a FIFO without a writer blocked forever in open()
+    from zoo.cli import main
+    from zoo.training.evaluate import evaluate_text
+
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no named pipes here")
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+        what = "a FIFO"
+    else:
+        if not os.path.exists(kind):
+            pytest.skip("no /dev/zero here")
+        path, what = kind, "a character device"
+    model = _bpe_model(CharTokenizer("ab\n"))
+    with pytest.raises(ValueError, match=rf"is not a regular file \({what}\); expected a UTF-8 text file of at most "
+                                         r"1 GiB") as e:
+        evaluate_text(model, path)
+    one_line(e)
+    with pytest.raises(SystemExit) as exit:
+        main(["evaluate", "gpt-tiny.shakespeare", str(path)])
+    assert str(exit.value).startswith(f"zoo evaluate: error: {path} is not a regular file ({what})")

@@ -204,7 +204,10 @@ def fake_hub(monkeypatch, tmp_path):
                 return self.answer(b"", 404, {"X-Error-Code": "EntryNotFound"})
             body = hub["files"][name]
             etag = hub.get("etag", f"abc123-{name}")
-            status, headers = 200, {"X-Repo-Commit": hub.get("file_sha", hub["sha"]), "ETag": f'"{etag}"'}
+            commit = hub.get("file_sha", hub["sha"])
+            if "branch_sha" in hub and f"/resolve/{hub['sha']}/" not in self.path:  # asked by a branch's name
+                commit = hub["branch_sha"]
+            status, headers = 200, {"X-Repo-Commit": commit, "ETag": f'"{etag}"'}
             if self.headers.get("Range"):  # bytes=A-B
                 first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
                 body, status = body[first:last + 1], 206
@@ -245,6 +248,22 @@ def test_a_commit_id_that_is_a_path_is_refused_before_anything_is_written(fake_h
     one_line(err.value)
     assert written(tmp_path) == before  # nothing in the cache, nothing outside it
     assert not [r for r in fake_hub["requests"] if "/resolve/" in r[1]]  # the description only: no file
+
+
+def test_files_are_fetched_by_the_checked_commit_never_by_the_branch_name(fake_hub, tmp_path):
+    """A Hub that answers a good commit to zoo's question and `../..` when a file is asked for by branch: zoo
+    asks for every file by the commit it checked, so the second answer is never asked for, and the branch is
+    recorded in the cache for an offline load by name."""
+    from zoo.models.hub import download
+
+    fake_hub["files"], fake_hub["branch_sha"] = release_bytes(tmp_path), "../../x"
+    model = zoo.load("hf-hub:org/repo", cache_dir=tmp_path / "cache")
+    assert type(model).__name__ == zoo.load(tmp_path / "release").__class__.__name__
+    fetched = [path for _, path, _ in fake_hub["requests"] if "/resolve/" in path]
+    assert fetched and all(f"/resolve/{SHA}/" in path for path in fetched), fetched
+    assert (tmp_path / "cache" / "models--org--repo" / "refs" / "main").read_text() == SHA
+    folder = download("hf-hub:org/repo", cache_dir=tmp_path / "cache", local_files_only=True)
+    assert folder.name == SHA
 
 
 @pytest.mark.parametrize("answer,expected", [({"file_sha": "f" * 40}, "answered config.json for commit 'f{40}'"),
@@ -450,3 +469,22 @@ def test_push_to_an_unreachable_hub_fails_in_setup_before_training(fit_args, tmp
         main([*fit_args, "--export.push_to", "org/name"])
     assert f"export.push_to org/name: the Hub at {endpoint} cannot be reached" in one_line(err.value)
     assert not list((tmp_path / "runs").rglob("*.ckpt")) and not (tmp_path / "export").exists()  # never trained
+
+
+@pytest.mark.parametrize("make", [
+    lambda folder: folder.mkdir(),  # an empty folder
+    lambda folder: (folder.mkdir(), (folder / "config.json").write_text("{}"),
+                    (folder / "model.safetensors").write_bytes(b"")),  # files of those names, no release
+])
+def test_push_of_a_folder_that_is_no_release_never_asks_the_hub(make, tmp_path, monkeypatch):
+    """Refused from the folder alone, in one line: the Hub is not asked (the check would fail the test)."""
+    import zoo.release.push as push_module
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the Hub was asked before the folder was checked")
+
+    monkeypatch.setattr(push_module, "check_hub", asked)
+    make(tmp_path / "not-a-release")
+    with pytest.raises(SystemExit) as err:
+        main(["push", str(tmp_path / "not-a-release"), "--repo", "org/name"])
+    assert one_line(err.value).startswith("zoo push: error: ")

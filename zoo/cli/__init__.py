@@ -98,7 +98,10 @@ def _run(argv: list[str] | None) -> None:
     ours = argv[: argv.index("--")] if "--" in argv else argv  # what follows `--` is passed on untouched
     debug = "--debug" in ours or os.environ.get("ZOO_DEBUG", "") not in ("", "0")
     argv = [a for a in ours if a != "--debug"] + argv[len(ours):]
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # no command is a usage error, as with argparse: the usage on stderr, status 2
+        sys.stderr.write(usage())
+        raise SystemExit(2)
+    if argv[0] in ("-h", "--help", "help"):
         print(usage(), end="")
         return
     if argv[0] in ("-V", "--version"):

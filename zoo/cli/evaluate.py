@@ -14,7 +14,7 @@ def evaluate_command(argv: list[str]) -> None:
                                          "own tokenizer, in non-overlapping windows of its context: loss (nats per "
                                          "token), perplexity and bits per byte.")
     parser.add_argument("source", help="a language model: name.tag, a release folder or hf-hub:org/repo")
-    parser.add_argument("file", help="a UTF-8 text file")
+    parser.add_argument("file", help="a UTF-8 text file (a regular file of at most 1 GiB)")
     parser.add_argument("--split", choices=SPLITS, default="all",
                         help="all: the whole file (default); train / validation: its first 90%% / last 10%% of "
                              "characters, as CharText splits it")

@@ -2,12 +2,14 @@
 
 Recipes live in recipes/ at the top of the repository and travel inside the wheel as
 zoo/recipes/ (pyproject.toml), so a name works from a source checkout and from an install.
-A path always wins over a name: `--config quickstart` reads ./quickstart if such a file exists.
+A path always wins over a name: `--config quickstart` reads ./quickstart, else ./quickstart.yaml, if such a
+file exists (and refuses a dangling link of either name rather than fall back).
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 SUFFIX = ".yaml"
@@ -32,10 +34,17 @@ def resolve_recipe(value: str) -> tuple[Path, str | None]:
     """The file that `--config value` means, and a note to show when a path hid a recipe of the same name."""
     recipes = list_recipes()
     name = value.removesuffix(SUFFIX)
-    if Path(value).exists():
-        shadowed = name in recipes and "/" not in value and recipes[name].resolve() != Path(value).resolve()
-        return Path(value), (f"--config {value}: reading the file ./{value}; the packaged recipe of the same name "
-                             f"is {recipes[name]}") if shadowed else None
+    # the file as written, else with the recipes' suffix: ./quickstart.yaml is what `--config quickstart` names
+    candidates = [Path(value)] + ([Path(value + SUFFIX)] if not value.endswith(SUFFIX) else [])
+    for path in candidates:
+        if path.is_symlink() and not path.exists():  # a dangling link: the user meant a file that is not there
+            raise FileNotFoundError(f"--config {value}: {path} is a link to {os.readlink(path)}, which does not "
+                                    "exist; fix or remove the link (a packaged recipe is never read in its place)")
+    local = next((path for path in candidates if path.exists()), None)
+    if local is not None:
+        shadowed = name in recipes and "/" not in value and recipes[name].resolve() != local.resolve()
+        return local, (f"--config {value}: reading the file ./{local}; the packaged recipe of the same name "
+                       f"is {recipes[name]}") if shadowed else None
     if "/" not in value and name in recipes:
         return recipes[name], None
     close = difflib.get_close_matches(name, list(recipes), n=3, cutoff=0.5)

@@ -13,6 +13,13 @@ def _is_pil(inputs) -> bool:
     return type(inputs).__module__.startswith("PIL.")
 
 
+def _is_item_list(inputs) -> bool:
+    """A list (or tuple) holding PIL images, arrays or tensors: a batch, one item each. np.asarray would stack
+    three images into one array of three channels; a list of numbers (or of lists of them) stays one array."""
+    return isinstance(inputs, (list, tuple)) and any(
+        _is_pil(item) or isinstance(item, np.ndarray) or torch.is_tensor(item) for item in inputs)
+
+
 PIL_16_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL opens 16-bit PNGs and TIFFs in these modes
 PIL_8_BIT = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV")
 
@@ -72,7 +79,9 @@ class Classifier:
     config: dict
 
     def preprocess(self, inputs) -> torch.Tensor:
-        """A PIL image, array or tensor, one item (C, *size) or (*size), or a batch: the normalized batch.
+        """A PIL image, array or tensor, one item (C, *size) or (*size), or a batch: one array or tensor
+        (batch, C, *size), or a list of items (PIL images, arrays or tensors, one item each): the
+        normalized batch.
 
         Values are read by their type (`to_unit_range`): 8-bit and 16-bit integers (PIL's 16-bit
         modes too) are scaled to [0, 1]; floating-point images (PIL mode "F" too) must already lie
@@ -80,6 +89,19 @@ class Classifier:
         Images (two spatial dimensions) of another size are resized.
         """
         owner = type(self).__name__
+        if _is_item_list(inputs):
+            batch = []
+            for index, item in enumerate(inputs):
+                try:
+                    x = self.preprocess(item)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"{owner} reads a list as a batch, one item each: item {index}: {e}") from None
+                if x.shape[0] != 1:  # a list of batches: refused rather than guessed at
+                    raise ValueError(f"{owner} reads a list as a batch, one item each: item {index} holds "
+                                     f"{x.shape[0]} (shape {tuple(x.shape)}); pass one batch as one array or "
+                                     "tensor, or a list of single items")
+                batch.append(x)
+            return torch.cat(batch)
         if torch.is_tensor(inputs):
             check_data(inputs, "the input", owner)
         images = len(self.input_shape) == 3 or _is_pil(inputs)  # pixels, which floats must give in [0, 1]
@@ -116,7 +138,8 @@ class Classifier:
 
     @torch.no_grad()
     def classify(self, inputs, top_k: int = 1) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
-        """The `top_k` (label, probability) pairs; one list per item for a batch."""
+        """The `top_k` (label, probability) pairs; one list per item for a batch (an array or tensor with a
+        batch dimension, or a list of items: PIL images, arrays or tensors)."""
         integer(top_k, "top_k", f"{type(self).__name__}.classify")
         x = self.preprocess(inputs)
         logits = self(x).float()
@@ -127,5 +150,5 @@ class Classifier:
         values, indices = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         labels = self.config.get("label_names") or [str(i) for i in range(probs.shape[-1])]
         result = [[(labels[i], round(float(p), 4)) for p, i in zip(v, ix)] for v, ix in zip(values, indices)]
-        batched = not _is_pil(inputs) and np.ndim(inputs) == len(self.input_shape) + 1
+        batched = _is_item_list(inputs) or (not _is_pil(inputs) and np.ndim(inputs) == len(self.input_shape) + 1)
         return result if batched else result[0]

@@ -8,6 +8,7 @@ from pathlib import Path
 from zoo.models.arguments import check_budget
 from zoo.models.registry import ARCHITECTURES
 from zoo.models.release_files import CARD, CONFIG, FLOAT_DTYPES, WEIGHTS, read_config
+from zoo.utils.atomic import write_text_atomic
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a branch, tag or commit: never a path
@@ -212,9 +213,10 @@ def _fetch_checked(repo_id: str, revision: str | None, token, cache_dir, max_par
 
     def fetch(filename: str) -> Path:
         _check_file(repo_id, filename, sha, token, shown)
-        # by the revision's name, so that huggingface_hub records it for local_files_only
-        path = Path(hf_hub_download(repo_id, filename, revision=revision or constants.DEFAULT_REVISION,
-                                    token=token, cache_dir=cache_dir, etag_timeout=TIMEOUT))
+        # By the commit zoo checked, never by the branch's name: asked by name, the Hub answers the commit again,
+        # and a second answer (another commit, a path such as ../..) would reach huggingface_hub unchecked.
+        path = Path(hf_hub_download(repo_id, filename, revision=sha, token=token, cache_dir=cache_dir,
+                                    etag_timeout=TIMEOUT))
         if path.parent.name != sha:
             raise ConnectionError(f"{shown} moved from commit {sha} to {path.parent.name} while zoo downloaded it; "
                                   "try again")
@@ -227,7 +229,21 @@ def _fetch_checked(repo_id: str, revision: str | None, token, cache_dir, max_par
     folder = fetch(WEIGHTS).parent
     if CARD in files:
         fetch(CARD)
+    name = revision or constants.DEFAULT_REVISION
+    if name != sha:  # what huggingface_hub would have recorded: the branch's commit, for local_files_only
+        _remember_revision(folder, name, sha)
     return folder
+
+
+def _remember_revision(snapshot: Path, revision: str, sha: str) -> None:
+    """Record in the cache, as huggingface_hub does (refs/<revision> holding the commit), that `revision` is at
+    commit `sha`, so that an offline load by that name finds the snapshot. Written whole (temporary, rename)."""
+    refs = snapshot.parent.parent / "refs"  # <cache>/models--org--repo/snapshots/<sha> -> .../refs
+    target = (refs / revision).resolve()
+    if not target.is_relative_to(refs.resolve()):  # validate_revision refuses such names; never write outside
+        raise ValueError(f"revision {revision!r} would be recorded outside the cache's refs folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(target, sha)
 
 
 def download(source: str, token: str | bool | None = None, cache_dir: str | None = None,

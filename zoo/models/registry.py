@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fnmatch
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,7 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {}
 
 FAMILIES = ("image", "fused", "text")  # what the training tasks take: zoo.training.task_class
 PLUGINS = "zoo.models"  # the entry-point group under which other packages declare their architectures
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # no '.', which separates a name from its checkpoint's tag
 
 
 def register(name: str, family: str, cls: type[nn.Module], default_tag: str | None = None, **kwargs) -> None:
@@ -57,6 +60,9 @@ def register(name: str, family: str, cls: type[nn.Module], default_tag: str | No
         default_tag: the checkpoint `zoo.load(name)` takes when several are shipped; default None.
         **kwargs (Any): the constructor arguments of this name.
     """
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"register: a model name is letters, digits, '-' and '_', starting with a letter or digit "
+                         f"(a '.' would be read as name.tag, a '/' or ':' as a path or a Hub id), got {name!r}")
     if name in _ENTRIES:
         raise ValueError(f"model {name!r} is registered twice")
     if family not in FAMILIES:
@@ -82,7 +88,14 @@ def load_plugins() -> None:
         return
     _PLUGINS_LOADED.append(True)
     for point in entry_points(group=PLUGINS):
-        point.load()
+        # One broken plugin must not break zoo.load for every other one: it is named, and the rest load. The
+        # folder that needed it is then refused as any folder of an unregistered class is.
+        try:
+            point.load()
+        except Exception as error:  # noqa: BLE001 (a plugin's import may raise anything)
+            dist = getattr(point.dist, "name", None) or "an installed package"
+            warnings.warn(f"zoo: the {PLUGINS!r} plugin {point.name!r} ({point.value}, from {dist}) failed to "
+                          f"import and registers nothing: {type(error).__name__}: {error}", stacklevel=2)
 
 
 def _entries() -> dict[str, Entry]:

@@ -323,7 +323,7 @@ class TextTransformer(Releasable, nn.Module):
                 of id lists. At least one token each, each id in [0, vocab_size). Prompts of different lengths
                 are padded on the left and masked: each gives the tokens it gives alone (greedy).
             max_new_tokens: how many tokens to add at most, an int in [0, 1000000].
-            temperature: the logits' divisor, a finite number >= 0 (default 1); 0 is greedy decoding.
+            temperature: the logits' divisor: 0 (greedy decoding) or a finite number >= 1e-4 (default 1).
             top_k: sample only from the k most likely tokens, an int >= 1; default None: all.
             top_p: nucleus sampling: only from the most likely tokens that together cover probability top_p,
                 in (0, 1]; default None: all.
@@ -445,15 +445,16 @@ class TextTransformer(Releasable, nn.Module):
             prompts = [self._prompt(self.tokenizer.encode(t))[0].tolist() for t in (tokens if many else [tokens])]
             return prompts, "texts" if many else "text"
         if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(t, (list, tuple)) for t in tokens):
-            return [self._prompt(t, f"prompt {i}")[0].tolist() for i, t in enumerate(tokens)], "lists"
+            return [self._prompt(t, f"prompt {i}", one=True)[0].tolist() for i, t in enumerate(tokens)], "lists"
         if isinstance(tokens, (list, tuple)) and any(isinstance(t, (str, list, tuple)) for t in tokens):
             raise TypeError(f"{owner} takes a string, a list of token ids or an integer tensor, or a list of "
                             f"prompts all strings or all id lists, got {shown(tokens)}")
         return self._prompt(tokens), "tensor"
 
-    def _prompt(self, tokens, what: str = "a prompt") -> torch.Tensor:
+    def _prompt(self, tokens, what: str = "a prompt", one: bool = False) -> torch.Tensor:
         """Token ids (a list or an integer tensor) as a (batch, length) int64 tensor on the model's device;
-        never rounded (1.5 is refused, not read as 1). Their range is checked where they are embedded."""
+        never rounded (1.5 is refused, not read as 1). Their range is checked where they are embedded.
+        one=True: `tokens` is one prompt of a batch, so only a flat list of ids."""
         owner = f"{type(self).__name__}.generate"
         if torch.is_tensor(tokens):
             idx = check_data(tokens, what, owner)
@@ -463,6 +464,10 @@ class TextTransformer(Releasable, nn.Module):
             except (TypeError, ValueError, RuntimeError) as e:  # strings, integers beyond int64
                 raise TypeError(f"{owner} takes a string, a list of token ids or an integer tensor, got "
                                 f"{shown(tokens)}: {str(e).splitlines()[0]}") from None
+        if one and idx.dim() > 1:  # its rows would be read as more prompts, of which only the first was kept
+            raise TypeError(f"{owner} takes a list of token ids, a list of lists of token ids (a batch), a string "
+                            f"or a list of strings (with a tokenizer), or an integer tensor (length,) or (batch, "
+                            f"length); {what} is nested too deep: {shown(tokens)}")
         if idx.dim() not in (1, 2):
             raise ValueError(f"{owner} takes token ids of shape (length,) or (batch, length), got {tuple(idx.shape)}")
         idx = idx if idx.dim() == 2 else idx[None]
@@ -504,13 +509,19 @@ def _as_given(value):
 
 
 MAX_NEW_TOKENS = 1_000_000
+# Sampling divides float32 logits by the temperature: at 1e-38 a logit of 30 overflows to inf, below it every
+# logit does, and softmax's NaN then crashed torch.multinomial. At 1e-4 logits up to 3e34 stay finite, and a
+# smaller temperature would sample the greedy choice in all but near ties anyway (temperature=0 is that).
+MIN_TEMPERATURE = 1e-4
 
 
 def check_sampling(max_new_tokens, temperature, top_k, top_p, seed) -> None:
     """Refuse sampling parameters outside their ranges before any token is generated."""
     owner = "generate"
     integer(max_new_tokens, "max_new_tokens", owner, 0, MAX_NEW_TOKENS)
-    number(temperature, "temperature (0 = greedy)", owner)
+    if 0 < number(temperature, "temperature (0 = greedy)", owner) < MIN_TEMPERATURE:
+        raise ValueError(f"{owner} temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
+                         f"{shown(temperature)}: the logits divided by less can overflow to inf")
     if top_k is not None:
         integer(top_k, "top_k", owner, 1)
     if top_p is not None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from zoo.models.hub import TIMEOUT, _hub_errors, validate_repo_id, validate_revision
 from zoo.models.registry import checkpoint_folder
-from zoo.models.release_files import CARD, CONFIG, WEIGHTS
+from zoo.models.release_files import CARD, CONFIG, WEIGHTS, read_config
 
 # A .ckpt source needs Lightning (zoo.release.export, zoo.training): imported there, so that pushing a release
 # folder does not pay its ~4 s import.
@@ -62,17 +62,23 @@ def push(source, repo_id: str, *, private: bool = False, revision: str | None = 
     if revision is not None:
         validate_revision(revision)
     shown = f"hf-hub:{repo_id}"
-    if Path(source).suffix == ".ckpt" and Path(source).is_file():  # refused in one line before the Hub is asked
+    exported = Path(source).suffix == ".ckpt" and Path(source).is_file()
+    if exported:  # refused in one line before the Hub is asked
         from zoo.training.checkpoint_io import read_checkpoint
 
         read_checkpoint(source)
+    else:  # a folder that is no release, or an unknown name, is refused before the Hub is asked too
+        folder = release_folder(source, config)
+        files = upload_files(folder)
+        read_config((folder / CONFIG).read_bytes(), folder / CONFIG)
     if api is None:
         from huggingface_hub import HfApi
 
         check_hub(token, shown)  # before a .ckpt is exported: the Hub answers, and takes the token
         api = HfApi(token=token)
-    folder = release_folder(source, config)
-    files = upload_files(folder)
+    if exported:
+        folder = release_folder(source, config)
+        files = upload_files(folder)
     with _hub_errors(shown, revision):
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         if revision:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from pathlib import Path
 
 import torch
@@ -11,6 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 SPLITS = ("all", "train", "validation")
+# The largest text file scored: room for any corpus a zoo model is scored on (enwik9's 10^9 bytes fit), and a
+# bound on what is read: /dev/zero was read until the memory ran out.
+MAX_TEXT_BYTES = 2**30
 TRAIN_FRACTION = 0.9  # CharText's default: "train" is the first 90% of the characters, "validation" the rest
 
 
@@ -26,8 +30,11 @@ def evaluate_text(source, file, context_length: int | None = None, batch_size: i
 
     split: "all" the whole file; "train" / "validation" the first `train_fraction` of its characters / the
     rest, as CharText splits a file. Returns the mean loss in nats per token, perplexity exp(loss), bits per
-    byte (the summed loss in bits over the UTF-8 bytes of the predicted text, which makes tokenizers
-    comparable), and the counts.
+    byte (the summed loss in bits over the UTF-8 bytes of the predicted tokens, each counted whole, which makes
+    tokenizers comparable), and the counts.
+
+    `file` must be a regular file of at most MAX_TEXT_BYTES (1 GiB); a device, FIFO or socket is refused
+    before it is opened.
     """
     from zoo.models.tokenizer import describe, encode_text
 
@@ -50,8 +57,7 @@ def evaluate_text(source, file, context_length: int | None = None, batch_size: i
     if len(ids) < 2:
         raise ValueError(f"{file} ({split}) gives {len(ids)} token(s) under {name}'s tokenizer; scoring needs at "
                          "least 2 (one to predict from, one to predict)")
-    first_chars = len(model.tokenizer.decode(ids[:1]))  # the first token is never predicted: its bytes not counted
-    scored_bytes = len(text[first_chars:].encode("utf-8"))
+    scored_bytes = _token_bytes(model.tokenizer, ids[1:])  # the first token is never predicted: not counted
     total = _summed_loss(model, torch.tensor(ids, dtype=torch.long), context, batch_size)
     predicted = len(ids) - 1
     loss = total / predicted
@@ -102,6 +108,28 @@ def _model(source) -> tuple[nn.Module, str]:
     return model, name
 
 
+def _token_bytes(tokenizer, ids: list[int]) -> int:
+    """The UTF-8 bytes the tokens `ids` stand for, each token counted whole: a byte-level BPE token may end inside
+    a multi-byte character, and decoding it alone gives U+FFFD (3 bytes) instead of its own bytes."""
+    from zoo.models.tokenizer import BPETokenizer
+
+    if not isinstance(tokenizer, BPETokenizer):  # characters: the text the tokens decode to is theirs
+        return len(tokenizer.decode(ids).encode("utf-8"))
+    from tokenizers import decoders, pre_tokenizers
+
+    library = tokenizer.tokenizer
+    byte_level = isinstance(library.decoder, decoders.ByteLevel)
+    alphabet, added = set(pre_tokenizers.ByteLevel.alphabet()), library.get_added_tokens_decoder()
+    sizes = []
+    for i in range(tokenizer.vocab_size):  # once per vocabulary entry, not per token of the text
+        piece = library.id_to_token(i)
+        if byte_level and i not in added and piece is not None and set(piece) <= alphabet:
+            sizes.append(len(piece))  # byte-level BPE spells each byte as one character of its alphabet
+        else:  # an added token, or another tokenizer's piece: the text it decodes to
+            sizes.append(len(tokenizer.decode([i]).encode("utf-8")))
+    return int(torch.tensor(sizes, dtype=torch.long)[torch.tensor(ids, dtype=torch.long)].sum()) if ids else 0
+
+
 def _count(value, what: str, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (maximum is not None and value > maximum):
         limit = f" and at most {maximum}" if maximum is not None else ""
@@ -117,4 +145,20 @@ def _read(file) -> str:
     path = Path(file).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"no text file at {file}")
+    info = path.stat()
+    limit = f"{MAX_TEXT_BYTES // 2**30} GiB ({MAX_TEXT_BYTES:,} bytes)" if MAX_TEXT_BYTES % 2**30 == 0 else \
+        f"{MAX_TEXT_BYTES:,} bytes"
+    # before opening: a FIFO's open() waits for a writer, and a device (/dev/zero) never ends
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):  # read_text names a folder
+        raise ValueError(f"{file} is not a regular file ({_file_kind(info.st_mode)}); expected a UTF-8 text file of "
+                         f"at most {limit}")
+    if info.st_size > MAX_TEXT_BYTES:
+        raise ValueError(f"{file} holds {info.st_size:,} bytes, more than the limit of {limit} for a text file to "
+                         "score; split it, or score a part of it")
     return read_text(path)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
