@@ -38,7 +38,7 @@ STEPS, ROUNDS = 16, 7
 def old_step(self, x, state=None, key_padding_mask=None):
     """SoftmaxAttention.step before the change: the cache grows by torch.cat, and quiet attention's zero key
     and value are prepended to the whole cache again at every step (inside attend)."""
-    from zoo.attention.attend import attend
+    from zoo.attention.dot_product import attend
     from zoo.attention.softmax import KVCache
 
     q, k, v = self._split_heads(x)

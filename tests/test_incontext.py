@@ -486,7 +486,7 @@ def test_swap_keeps_q_k_v_and_starts_where_the_old_layer_was(caplog):
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, num_classes=5,
                             depth=2).eval()
     images = torch.randn(2, 3, 32, 32)
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"):
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
         swapped = A.swap(copy.deepcopy(vit), "incontext", num_positions=8)
     assert "blocks.0.attn: Attention -> incontext, kept q, k, v and the output projection" in caplog.text
     with torch.no_grad():
@@ -513,8 +513,9 @@ def test_swap_from_a_learned_bias_says_it_is_dropped(caplog):
     layer = A.SoftmaxAttention(8, heads=2, causal=True, max_len=10, learned_bias=True)
     with pytest.raises(ValueError, match=r"its learned bias \(incontext has no learned bias\).*strict=False"):
         A.swap(layer, "incontext")
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"), pytest.warns(UserWarning, match="learned bias"):
-        new = A.swap(layer, "incontext", strict=False)
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
+        with pytest.warns(UserWarning, match="learned bias"):
+            new = A.swap(layer, "incontext", strict=False)
     assert isinstance(new, InContextAttention) and new.causal and new.heads == 2
     assert "kept q, k, v and the output projection; dropped its learned bias" in caplog.text
     assert torch.equal(new.qkv.weight, layer.qkv.weight)

@@ -387,7 +387,7 @@ def test_swap_keeps_rope_and_alibi_and_says_when_incontext_drops_them(caplog):
         plain.load_state_dict(model[0].state_dict())
         assert not torch.allclose(model(x), plain(x))  # the positions matter here, so keeping them is seen
     model = nn.Sequential(SoftmaxAttention(32, heads=2, causal=True, positions="alibi"))
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"):
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
         swap(model, "incontext")
     assert "its rope or alibi positions are dropped" in caplog.text
 

@@ -50,7 +50,7 @@ def test_swap_to_softmax_leaves_a_timm_vit_unchanged(caplog):
     tokens = 1 + (32 // 8) ** 2
     allowed = torch.rand(2, 1, tokens, tokens) > 0.3
     allowed |= torch.eye(tokens, dtype=torch.bool)  # every row keeps a key
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"):
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
         swapped = swap(copy.deepcopy(vit), "softmax")
     assert all(isinstance(block.attn, TimmAttention) and type(block.attn.attn) is SoftmaxAttention
                for block in swapped.blocks)
@@ -174,7 +174,7 @@ def test_attn_mask_and_is_causal_match_the_formula():
 @pytest.mark.parametrize("mechanism, options", [("micro", {}), ("elita", {"causal": True})])
 def test_micro_and_elita_swaps_train_and_report_fresh_weights(mechanism, options, caplog):
     vit = tiny_vit().train()
-    with caplog.at_level(logging.INFO, logger="zoo.attention.swap"):
+    with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
         swapped = swap(vit, mechanism, **options)
     assert "2 attention module(s) start from fresh weights" in caplog.text
     assert "blocks.0.attn, blocks.1.attn" in caplog.text

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from zoo.attention.attend import attend
 from zoo.attention.clipped import ClippedSoftmaxAttention, clipped_softmax
+from zoo.attention.dot_product import attend
 from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
 from zoo.attention.fused import FusedAttention
 from zoo.attention.gated import GatedAttention
@@ -22,7 +22,7 @@ from zoo.attention.incontext import InContextAttention, InContextState
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
-from zoo.attention.swap import MIXERS, MultiheadAdapter, TimmAttention, swap
+from zoo.attention.swapping import MIXERS, MultiheadAdapter, TimmAttention, swap
 from zoo.utils.checks import shown
 
 # every mechanism by name: the token mixers, and FusedAttention, which pools a sequence into one vector

@@ -8,7 +8,7 @@ without pushing its logits towards infinity, which is what grows outliers; with 
 weight can reach exactly 1. The paper sets gamma = -alpha / T for T keys; here T is the
 number of keys each row sees, alpha a constructor argument (4 by default: our choice, the
 paper tunes it per model), and zeta = 1. Gradients are zero where the clip is active, as the
-formula says. No fused kernel computes it: the weights are built and applied (attend.py).
+formula says. No fused kernel computes it: the weights are built and applied (dot_product.py).
 
 Caution: a uniform row (1/T each) becomes (1 - alpha + alpha/T) / T, below zero once alpha
 exceeds T / (T - 1), a little above 1, and is then clipped to zero entirely, with no gradient.

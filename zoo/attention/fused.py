@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from zoo.attention.attend import attend
+from zoo.attention.dot_product import attend
 from zoo.attention.quiet import softmax_one
 from zoo.utils.checks import check_heads, check_padding_mask, check_tokens, flag, shown, zero_padding
 

@@ -7,7 +7,7 @@ A per-token, per-head gate lets a head switch its update off without the softmax
 put all its weight on an uninformative token. G_h here is a linear map of the head's own
 slice of the layer's input (d_head -> 1), its bias started at `gate_bias` (0: every gate at
 0.5), one of the gating functions the paper describes. The gated heads then go through the
-output projection as usual. The attention itself is softmax's, through attend.py's fused path.
+output projection as usual. The attention itself is softmax's, through dot_product.py's fused path.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ gates let a token (a separator, a word's last piece) count as a position while o
 gates sigmoid(q_i . k_t) depend on the query: an L x L gate matrix and a cumulative sum per query row.
 Ours depend on the token alone, so the positions cost one cumulative sum (O(L)) and decoding carries a
 running sum; the price is that every query counts the same tokens. The bias matrix itself is (L x L) per
-head, as CoPE's is, and goes into PyTorch's SDPA as a float attn_mask (attend.py).
+head, as CoPE's is, and goes into PyTorch's SDPA as a float attn_mask (dot_product.py).
 
 On the CPU in float32 the bias comes from a compiled kernel (csrc/incontext_bias.cpp, see native.py) that
 writes it in one pass and reads its gradient in one; the eager route below (`_positions`, `_interpolate`)
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo.attention.native as native
-from zoo.attention.attend import attend, autocast_off, check_attn_mask
+from zoo.attention.dot_product import attend, autocast_off, check_attn_mask
 from zoo.utils.checks import (
     check_heads,
     check_padding_mask,

@@ -46,7 +46,7 @@ from torch import nn
 
 import zoo.attention.blocks as blocks
 import zoo.attention.native as native
-from zoo.attention.attend import autocast_off, refuse_attn_mask
+from zoo.attention.dot_product import autocast_off, refuse_attn_mask
 from zoo.attention.positions import alibi_slopes, check_alibi_bias_max
 from zoo.utils.checks import (
     check_heads,

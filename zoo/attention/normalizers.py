@@ -1,5 +1,5 @@
 """The attention weights' normalizers, below every mechanism: softmax_one (quiet attention) and the
-clipped softmax (clipped attention). attend.py and the mechanisms import them from here, so nothing in
+clipped softmax (clipped attention). dot_product.py and the mechanisms import them from here, so nothing in
 zoo.attention imports in a circle; quiet.py and clipped.py re-export them.
 
 softmax_one has two routes to the same numbers. On the CPU in float32, bfloat16 and float16 a compiled

@@ -33,7 +33,7 @@ class QuietAttention(SoftmaxAttention):
         head_h = softmax_one(q k^T / sqrt(d) + B_h) v,    softmax_one(s)_j = exp(s_j) / (1 + sum_j' exp(s_j'))
 
     It runs through the fused SDPA kernels unchanged: a prepended key of zeros with a value of zeros adds
-    exactly the 1 to every denominator (attend.py). Same inputs, outputs and KVCache decoding as
+    exactly the 1 to every denominator (dot_product.py). Same inputs, outputs and KVCache decoding as
     SoftmaxAttention.
 
     Args:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.attention.attend import attend, check_attn_mask
+from zoo.attention.dot_product import attend, check_attn_mask
 from zoo.attention.positions import alibi_bias, alibi_slopes, check_alibi_bias_max, rotate
 from zoo.utils.checks import (
     check_heads,

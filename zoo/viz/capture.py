@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from zoo.attention import ElitaAttention, FusedAttention, InContextAttention, MicroAttention, SoftmaxAttention
-from zoo.attention.attend import allowed_keys, attention_weights
+from zoo.attention.dot_product import allowed_keys, attention_weights
 from zoo.attention.elita import _PAD_LOGIT
 from zoo.utils.checks import zero_padding
 

@@ -9,7 +9,7 @@ softmax, quiet, clipped, gated and incontext share q, k, v and the output projec
 the shapes timm's Attention has and nn.MultiheadAttention's in_proj / out_proj hold), so those weights are
 kept: swapping to softmax (or to incontext, whose position tables start at zero) leaves the outputs
 unchanged. micro and elita have none of them and start from fresh weights. Each swapped module is logged
-(zoo.attention.swap, INFO), the fresh ones in one WARNING.
+(zoo.attention.swapping, INFO), the fresh ones in one WARNING.
 """
 
 from __future__ import annotations
