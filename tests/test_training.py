@@ -444,3 +444,16 @@ def test_bench_results_survive_two_writers_at_once(tmp_path, monkeypatch):
     assert errors == []
     assert json.loads((tmp_path / "both.json").read_text())["i"] == 199
     assert [p.name for p in tmp_path.iterdir()] == ["both.json"]  # no temporary file left behind
+
+
+def test_an_evaluation_gives_the_model_back_in_the_mode_it_had():
+    from zoo.utils.modes import evaluating
+
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5)).train()
+    with pytest.raises(RuntimeError), evaluating(model):
+        assert not model.training and not model[0].training
+        raise RuntimeError("a failure inside the evaluation")
+    assert model.training and model[0].training  # back in training mode, the failure notwithstanding
+    with evaluating(model.eval()):
+        pass
+    assert not model.training  # an evaluating model stays so

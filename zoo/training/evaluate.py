@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.utils.modes import evaluating
+
 SPLITS = ("all", "train", "validation")
 # The largest text file scored: room for any corpus a zoo model is scored on (enwik9's 10^9 bytes fit), and a
 # bound on what is read: /dev/zero was read until the memory ran out.
@@ -73,17 +75,13 @@ def _summed_loss(model: nn.Module, ids: torch.Tensor, context: int, batch_size: 
     whole = (len(ids) - 1) // context  # windows of `context` predictions; then one shorter window, if any is left
     starts = [i * context for i in range(whole)]
     total = 0.0
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for b in range(0, len(starts), batch_size):
             rows = torch.stack([ids[s : s + context + 1] for s in starts[b : b + batch_size]]).to(device)
             total += _window_loss(model, rows)
         tail = ids[whole * context :]
         if len(tail) > 1:
             total += _window_loss(model, tail[None].to(device))
-    finally:
-        model.train(was_training)
     return total
 
 

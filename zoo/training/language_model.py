@@ -14,6 +14,7 @@ from zoo.models.registry import create
 from zoo.models.tokenizer import BPETokenizer, describe
 from zoo.training import finetune, optim
 from zoo.training.source import is_checkpoint, model_from_config, saved_config, source_family, start_from
+from zoo.utils.modes import evaluating
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +184,11 @@ class LanguageModelTask(L.LightningModule):
     @torch.no_grad()
     def evaluate(self, loader) -> dict:
         """Mean loss over a loader (validation, for tiny-shakespeare), bits per character and perplexity."""
-        was_training = self.training
-        self.eval()
         total, count = 0.0, 0
-        for x, y in loader:
-            loss = self._loss((x.to(self.device), y.to(self.device)))
-            total, count = total + float(loss) * y.numel(), count + y.numel()
-        self.train(was_training)
+        with evaluating(self):
+            for x, y in loader:
+                loss = self._loss((x.to(self.device), y.to(self.device)))
+                total, count = total + float(loss) * y.numel(), count + y.numel()
         loss = total / count
         return {"val/loss": round(loss, 5), f"val/{self.bits}": round(loss / math.log(2), 5),
                 "val/perplexity": round(math.exp(loss), 4)}

@@ -28,6 +28,7 @@ import torch
 from zoo.quantization.outliers import ActivationStats
 from zoo.training.pictures import first_validation_inputs, zoo_model
 from zoo.utils.atomic import appendable_jsonl
+from zoo.utils.modes import evaluating
 
 
 class TrackOutliers(L.Callback):
@@ -53,13 +54,8 @@ class TrackOutliers(L.Callback):
     def measure(self, trainer, pl_module) -> dict[str, float]:
         x = self._held_out(trainer).to(pl_module.device)
         model = zoo_model(pl_module, "TrackOutliers")
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), ActivationStats(model) as stats:
-                model(x)
-        finally:
-            model.train(was_training)
+        with evaluating(model), torch.no_grad(), ActivationStats(model) as stats:
+            model(x)
         summary = stats.summary()
         return {"outliers/kurtosis": summary["kurtosis"], "outliers/max_abs": summary["max_abs"]}
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from zoo.data.sequences import IGNORE
 from zoo.models.registry import create
 from zoo.training import optim
+from zoo.utils.modes import evaluating
 
 
 def position_buckets(length: int) -> list[tuple[int, int]]:
@@ -174,12 +175,10 @@ class SequenceTask(L.LightningModule):
     def evaluate(self, loaders, stage: str = "test") -> dict:
         """The measures over a loader or a list of them (one per test length, as the data gives them), named
         `stage`/measure: "test", or "val" for the validation loader."""
-        was_training = self.training
-        self.eval()
-        for index, loader in enumerate(loaders if isinstance(loaders, (list, tuple)) else [loaders]):
-            for x, y in loader:
-                self._accumulate(stage, index, (x.to(self.device), y.to(self.device)))
-        self.train(was_training)
+        with evaluating(self):
+            for index, loader in enumerate(loaders if isinstance(loaders, (list, tuple)) else [loaders]):
+                for x, y in loader:
+                    self._accumulate(stage, index, (x.to(self.device), y.to(self.device)))
         return {k: round(v, 5) for k, v in self._summary(stage).items()}
 
     def configure_optimizers(self):
