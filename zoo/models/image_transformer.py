@@ -23,10 +23,9 @@ from zoo.models.layers import (
     POSITIONS,
     Block,
     check_choice,
-    check_options,
+    checked_block_options,
     drop_path_rates,
     per_block,
-    per_block_options,
     sincos_encoding_2d,
 )
 from zoo.models.pretrained import Releasable
@@ -160,24 +159,16 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
             owner, in_chans, num_classes, drop_path_rate, mean, std, label_names)
         attentions = per_block(attention, depth, ATTENTIONS, "attention", owner)
         mlps = per_block(mlp, depth, MLPS, "mlp", owner)
-        options = per_block_options(attention_options, depth, owner)
+        options = checked_block_options(attention_options, attentions, owner)
         check_choice(pos_embed, POSITIONS, "pos_embed", owner)
         check_choice(global_pool, POOLS, "global_pool", owner)
         learned_bias, final_norm = flag(learned_bias, "learned_bias", owner), flag(final_norm, "final_norm", owner)
-        for index, (name, block_options) in enumerate(zip(attentions, options)):
+        for index, name in enumerate(attentions):
             if learned_bias and name not in KV_CACHED:
                 raise ValueError(f"{owner} learned_bias needs one of {list(KV_CACHED)} attentions in every block; "
                                  f"block {index} has attention {name!r}")
-            try:
-                check_options(name, block_options)
-            except ValueError as error:
-                raise ValueError(f"{owner} block {index}: {error}") from None
-        if attention_options is not None:  # as given, and as config.json will hold it
-            try:
-                attention_options = json.loads(json.dumps(attention_options, allow_nan=False))
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"{owner} attention_options must hold JSON values (numbers, strings, booleans) to "
-                                f"be saved with the model: {error}") from None
+        if attention_options is not None:  # as config.json will hold it (tuples as lists)
+            attention_options = json.loads(json.dumps(attention_options))
         dynamic_img_size = flag(dynamic_img_size, "dynamic_img_size", owner)
         if img_size % patch_size:
             below, above = img_size - img_size % patch_size, img_size - img_size % patch_size + patch_size

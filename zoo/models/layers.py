@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import math
 import numbers
 from collections.abc import Sequence
@@ -127,6 +128,24 @@ def per_block_options(options, depth: int, owner: str) -> list[dict]:
             raise TypeError(f"{owner} attention_options[{index}] (block {index}) must be a dict of option names, "
                             f"got {shown(item)}")
     return [dict(item or {}) for item in options]
+
+
+def checked_block_options(options, attentions: list[str], owner: str) -> list[dict]:
+    """attention_options for every block (per_block_options), each checked against its block's mechanism, and
+    held to JSON values: the config is written as JSON, and a tensor or a set among the options would otherwise
+    fail only when the model is saved."""
+    per_block = per_block_options(options, len(attentions), owner)
+    for index, (name, given) in enumerate(zip(attentions, per_block)):
+        try:
+            check_options(name, given)
+        except ValueError as error:
+            raise ValueError(f"{owner} block {index}: {error}") from None
+    try:
+        json.dumps(options, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{owner} attention_options must hold JSON values (numbers, strings, booleans, lists) to be "
+                        f"saved with the model, got {shown(options)}: {error}") from None
+    return per_block
 
 
 class Mlp(nn.Sequential):

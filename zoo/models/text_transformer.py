@@ -10,8 +10,6 @@ state for micro and elita.
 
 from __future__ import annotations
 
-import json
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,9 +22,8 @@ from zoo.models.layers import (
     POSITIONS,
     Block,
     check_choice,
-    check_options,
+    checked_block_options,
     per_block,
-    per_block_options,
     sincos_encoding,
 )
 from zoo.models.pretrained import Releasable
@@ -133,17 +130,7 @@ class TextTransformer(Releasable, nn.Module):
             raise TypeError(f"{owner} tokenizer must be a dict (a tokenizer's to_dict()) or None, got {tokenizer!r}")
         attentions = per_block(attention, depth, CAUSAL, "attention", owner)
         mlps = per_block(mlp, depth, MLPS, "mlp", owner)
-        options = per_block_options(attention_options, depth, owner)
-        for index, (name, given) in enumerate(zip(attentions, options)):
-            try:
-                check_options(name, given)
-            except ValueError as e:
-                raise ValueError(f"{owner} block {index}: {e}") from None
-        try:  # the config is written as JSON: a tensor or a set in the options would fail only when saved
-            json.dumps(attention_options, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{owner} attention_options must hold JSON values (numbers, strings, lists), got "
-                            f"{shown(attention_options)}: {e}") from None
+        options = checked_block_options(attention_options, attentions, owner)
         check_choice(pos_embed, (*POSITIONS, *ROTARY_OR_ALIBI), "pos_embed", owner)
         named = [attention] if isinstance(attention, str) else attentions  # depth 0 counts the parameters
         if pos_embed in ROTARY_OR_ALIBI and not any(name in KV_CACHED for name in named):
