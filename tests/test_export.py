@@ -109,7 +109,7 @@ def test_opcheck_incontext_bias(causal):
 def test_ops_match_the_eager_routes():
     """The operators give the eager routes' numbers and gradients (the references of test_attention.py)."""
     needs_kernels()
-    from zoo.attention.quiet import _forward_eager
+    from zoo.attention.normalizers import _forward_eager
 
     x = torch.randn(4, 33, dtype=torch.float64) * 3
     torch.testing.assert_close(native.softmax_one(x.float()), _forward_eager(x, -1).float(), rtol=1e-5, atol=1e-7)

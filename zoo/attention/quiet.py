@@ -5,22 +5,13 @@
 The seed (quiet-attention.md) subtracts the row maximum m first and then adds 1,
 which computes exp(x_i - m) / (1 + sum_j exp(x_j - m)) = exp(x_i) / (exp(m) + sum_j exp(x_j)):
 a different function whose weights can never all vanish (for x = [10, 10] it gives 1/3
-each instead of about 1/2). We keep the 1 exact.
-
-Two routes to the same numbers. On the CPU in float32, bfloat16 and float16 a compiled
-kernel (csrc/softmax_one.cpp, see native.py) makes torch.softmax's own three passes
-with the "1" folded in. Everywhere else (float64, CUDA, no compiler) the eager route
-uses softmax_one = softmax * sigmoid(log S), since S / (1 + S) = sigmoid(log S):
-PyTorch's fused softmax gives y = softmax(x), and log S is then x_0 - log y_0 for any
-column, so one column of each suffices where the column is not vanishingly small.
-The gradient has the same form as softmax's, grad_x = y * (g - sum(g * y)).
+each instead of about 1/2). We keep the 1 exact. How softmax_one is computed (a compiled
+kernel, or softmax times a sigmoid) is normalizers.py's to say: it lives there, below every
+mechanism, and stays importable from here.
 """
 
 from __future__ import annotations
 
-# softmax_one lives below every mechanism (normalizers.py); it stays importable from here, as it always was.
-from zoo.attention.normalizers import KERNEL_DTYPES as KERNEL_DTYPES
-from zoo.attention.normalizers import _forward_eager as _forward_eager
 from zoo.attention.normalizers import softmax_one as softmax_one
 from zoo.attention.softmax import SoftmaxAttention
 
