@@ -751,98 +751,33 @@ def table(results: dict) -> None:
     print_table("capabilities: test accuracy by length (@N), or loss by position for text", rows, columns)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="*", help="a pattern on run keys task/model/seed, e.g. 'mqar/*/0'")
-    parser.add_argument("--models", nargs="+", default=None, help="default: every model of the suite")
-    parser.add_argument("--seeds", nargs="+", type=int, default=None)
-    parser.add_argument("--grid", action="store_true",
-                        help=f"Zoology's grid instead: {', '.join(GRID_TASKS)} x {', '.join(GRID_MODELS)} at widths "
-                             f"{' and '.join(map(str, GRID_WIDTHS))}")
-    parser.add_argument("--tiny", action="store_true", help="tiny models and data, few steps (a smoke run)")
-    parser.add_argument("--out", type=Path, default=None, help=f"the JSON (default {OUT}; with --tiny {TINY_OUT})")
-    parser.add_argument("--references", metavar="TASK", choices=[t for t, (name, _) in TASKS.items()
-                                                                  if name == "LongContextText"],
-                        help="print n-gram references for a text task's test windows (warpeace, stdlib), run nothing")
-    parser.add_argument("--sweep", action="store_true",
-                        help=f"choose each cell's learning rate: seed 0 at {', '.join(f'{lr:g}' for lr in SWEEP_LRS)} "
-                             f"(and on to {', '.join(f'{lr:g}' for lr in SWEEP_CLIMB)} while the largest is best), "
-                             "the best on validation kept as seed 0's run (later seeds: run without --sweep)")
-    parser.add_argument("--sweep-seeds", type=int, default=1, metavar="K",
-                        help="with --sweep: train seeds 0 to K-1 at each rate, choose the rate whose mean validation "
-                             "accuracy over them is best, and keep each seed's run at it (default 1: seed 0 alone)")
-    parser.add_argument("--estimate", action="store_true",
-                        help="time a few training steps of each selected run and print minutes per run, against "
-                             "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="train this many optimizer steps instead of the budget's: runs off the equal budget, "
-                             "so they need an --out of their own; each cell trains at the rate the equal-budget "
-                             "file's sweep chose for it")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads per run (default 1, so two runs share two cores; each record keeps its count)")
-    parser.add_argument("--list", action="store_true")
-    parser.add_argument("--table", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
-    parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
-                        "its <!-- STEM:TASK --> and <!-- /capabilities --> markers, STEM the JSON's (--out) file "
-                        "name without .json: capabilities for the suite's")
-    args = parser.parse_args(argv)
-    if not 1 <= args.threads <= cores():
-        parser.error(f"--threads takes a count from 1 to this process's {cores()} cores, not {args.threads}")
-    if args.references:
+def show_tables(parser, args, results: dict, first: dict | None, out: Path) -> None:
+    """--markdown prints the README's tables from `results`; --readme puts them between its markers."""
+    try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
+        tables = markdown(results, first)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
+                     "give --out a file it wrote")
+    if out.resolve() == OUT.resolve():  # the suite's tables close with what every results file's training took
         try:
-            references = text_references(args.references)
-        except FileNotFoundError as error:  # War and Peace outside ZOO_DATA
+            tables["compute"] = compute_table(compute_files())
+        except ValueError as error:
             parser.error(str(error))
-        print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
+    if not args.readme:
+        print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
         return
-    equal_budget_out = TINY_OUT if args.tiny else OUT
-    out = args.out or equal_budget_out
-    equal_budget = TINY_BUDGET if args.tiny else BUDGET
-    budget_steps, default_lr = equal_budget["steps"], equal_budget["lr"]
-    steps = budget_steps if args.steps is None else args.steps
-    if steps < 1:
-        parser.error(f"--steps takes a count of optimizer steps from 1, not {steps}")
-    off_budget = steps != budget_steps
-    if off_budget and out.resolve() == equal_budget_out.resolve():
-        parser.error(f"--steps {steps} is off the equal budget's {budget_steps}: its runs need a file of their own, "
-                     f"e.g. --out {RESULTS / f'capabilities_{steps}_steps.json'}")
-    if off_budget and (args.sweep or args.estimate):
-        parser.error(f"--{'sweep' if args.sweep else 'estimate'} works at the equal budget's {budget_steps} steps: "
-                     f"leave out --steps {steps}")
-    try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
-        results = load(out)
-        rates = load(equal_budget_out) if off_budget else None  # where each cell's swept rate is
-        # the tables set another file's seed-0 sweep points beside the equal-budget file's (repeat_table)
-        tabled = args.markdown or args.readme
-        first = load(equal_budget_out) if tabled and out.resolve() != equal_budget_out.resolve() else None
-    except (OSError, ValueError) as error:
+    try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
+        with locked("readme"):
+            write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
+    except OSError as error:
         parser.error(str(error))
-    if (args.table or args.markdown or args.readme) and not results["runs"]:
-        parser.error(common.nothing_to_show(out))
-    if args.markdown or args.readme:
-        try:  # a record edited by hand or written by another tool: which file, not a traceback from the tables
-            tables = markdown(results, first)
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            parser.error(f"{out} holds a record this bench did not write ({type(error).__name__}: {error}); "
-                         "give --out a file it wrote")
-        if out.resolve() == OUT.resolve():  # the suite's tables close with what every results file's training took
-            try:
-                tables["compute"] = compute_table(compute_files())
-            except ValueError as error:
-                parser.error(str(error))
-        if args.readme:
-            try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
-                with locked("readme"):
-                    write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
-            except OSError as error:
-                parser.error(str(error))
-            except ValueError as error:  # which README, and which marker it lacks
-                parser.error(f"{args.readme} {error}")
-        else:
-            print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
-        return
+    except ValueError as error:  # which README, and which marker it lacks
+        parser.error(f"{args.readme} {error}")
+
+
+def selected_runs(parser, args, out: Path, equal_budget_out: Path) -> list[tuple[str, str, int]]:
+    """The (task, model, seed) runs the arguments select, each argument checked first (a parser error names what
+    is wrong before anything runs)."""
     if args.sweep_seeds != 1 and not args.sweep:
         parser.error(f"--sweep-seeds {args.sweep_seeds} says how many seeds --sweep scores each rate on: add --sweep")
     if args.sweep_seeds < 1:
@@ -879,30 +814,117 @@ def main(argv=None):
         if unswept:
             print(f"not swept (no validation split): {', '.join(unswept)}")
 
-    def status(results: dict, t: str, m: str, s: int) -> str:
-        """done, to run, or to run again: a record at other steps, or at another rate than the cell's sweep chose."""
-        record, lr = results["runs"].get(f"{t}/{m}/{s}"), wanted_lr(rates or results, t, m, default_lr)
-        if args.sweep:
-            if stale_points(results, t, m):
-                return "to sweep again (its points chose on validation sequences that were test sequences)"
-            if chosen_lr(results, t, m, args.sweep_seeds) is None:
-                return "to sweep"
-            marks = sweep_marks(results, t, m, args.sweep_seeds)
-            records = [results["runs"].get(f"{t}/{m}/{seed}", {}) for seed in range(args.sweep_seeds)]
-            done = all(marks_in(r) == marks for r in records)
-            return "done" if done else "to sweep"
-        if record is None:
-            return "to run"
-        if stale_test(record):
-            return "to run again on today's test sets (those at multiples of 256 moved off seed 0's training data)"
-        if record["steps"] != steps:
-            return f"to run again for {steps} steps (this one ran {record['steps']})"
-        # a sweep's seeds stand until a sweep redoes them, while theirs is the sweep the cell's seed 0 was part of
-        its_seeds = record.get("sweep_seeds", 1)
-        in_sweep = "sweep" in record and s < its_seeds and its_seeds == sweep_seeds(results, t, m)
-        if record["lr"] == lr or in_sweep:
-            return "done"
-        return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
+    return runs
+
+
+def status(args, results: dict, rates: dict | None, steps: int, default_lr: float, t: str, m: str, s: int) -> str:
+    """Run t/m/s's state in `results`: done, to run, or to run again (a record at other steps, or at another rate
+    than the cell's sweep chose); with --sweep, whether the cell's sweep is done. `rates`: the file whose sweeps
+    chose the rates (the equal-budget file, for runs off it), None: `results` itself."""
+    record, lr = results["runs"].get(f"{t}/{m}/{s}"), wanted_lr(rates or results, t, m, default_lr)
+    if args.sweep:
+        if stale_points(results, t, m):
+            return "to sweep again (its points chose on validation sequences that were test sequences)"
+        if chosen_lr(results, t, m, args.sweep_seeds) is None:
+            return "to sweep"
+        marks = sweep_marks(results, t, m, args.sweep_seeds)
+        records = [results["runs"].get(f"{t}/{m}/{seed}", {}) for seed in range(args.sweep_seeds)]
+        done = all(marks_in(r) == marks for r in records)
+        return "done" if done else "to sweep"
+    if record is None:
+        return "to run"
+    if stale_test(record):
+        return "to run again on today's test sets (those at multiples of 256 moved off seed 0's training data)"
+    if record["steps"] != steps:
+        return f"to run again for {steps} steps (this one ran {record['steps']})"
+    # a sweep's seeds stand until a sweep redoes them, while theirs is the sweep the cell's seed 0 was part of
+    its_seeds = record.get("sweep_seeds", 1)
+    in_sweep = "sweep" in record and s < its_seeds and its_seeds == sweep_seeds(results, t, m)
+    if record["lr"] == lr or in_sweep:
+        return "done"
+    return f"to run again at lr {lr:g} (its sweep's; this one ran at {record['lr']:g})"
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="*", help="a pattern on run keys task/model/seed, e.g. 'mqar/*/0'")
+    parser.add_argument("--models", nargs="+", default=None, help="default: every model of the suite")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--grid", action="store_true",
+                        help=f"Zoology's grid instead: {', '.join(GRID_TASKS)} x {', '.join(GRID_MODELS)} at widths "
+                             f"{' and '.join(map(str, GRID_WIDTHS))}")
+    parser.add_argument("--tiny", action="store_true", help="tiny models and data, few steps (a smoke run)")
+    parser.add_argument("--out", type=Path, default=None, help=f"the JSON (default {OUT}; with --tiny {TINY_OUT})")
+    parser.add_argument("--references", metavar="TASK", choices=[t for t, (name, _) in TASKS.items()
+                                                                  if name == "LongContextText"],
+                        help="print n-gram references for a text task's test windows (warpeace, stdlib), run nothing")
+    parser.add_argument("--sweep", action="store_true",
+                        help=f"choose each cell's learning rate: seed 0 at {', '.join(f'{lr:g}' for lr in SWEEP_LRS)} "
+                             f"(and on to {', '.join(f'{lr:g}' for lr in SWEEP_CLIMB)} while the largest is best), "
+                             "the best on validation kept as seed 0's run (later seeds: run without --sweep)")
+    parser.add_argument("--sweep-seeds", type=int, default=1, metavar="K",
+                        help="with --sweep: train seeds 0 to K-1 at each rate, choose the rate whose mean validation "
+                             "accuracy over them is best, and keep each seed's run at it (default 1: seed 0 alone)")
+    parser.add_argument("--estimate", action="store_true",
+                        help="time a few training steps of each selected run and print minutes per run, against "
+                             "gpt-tiny's on the same task (bench/results/capabilities_estimate.json); trains nothing")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train this many optimizer steps instead of the budget's: runs off the equal budget, "
+                             "so they need an --out of their own; each cell trains at the rate the equal-budget "
+                             "file's sweep chose for it")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per run (default 1, so two runs share two cores; each record keeps its count)")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--table", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
+    parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
+                        "its <!-- STEM:TASK --> and <!-- /capabilities --> markers, STEM the JSON's (--out) file "
+                        "name without .json: capabilities for the suite's")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 1 <= args.threads <= cores():
+        parser.error(f"--threads takes a count from 1 to this process's {cores()} cores, not {args.threads}")
+    if args.references:
+        try:
+            references = text_references(args.references)
+        except FileNotFoundError as error:  # War and Peace outside ZOO_DATA
+            parser.error(str(error))
+        print(f"{args.references}: n-gram models on its test windows (nats per character)", references)
+        return
+    equal_budget_out = TINY_OUT if args.tiny else OUT
+    out = args.out or equal_budget_out
+    equal_budget = TINY_BUDGET if args.tiny else BUDGET
+    budget_steps, default_lr = equal_budget["steps"], equal_budget["lr"]
+    steps = budget_steps if args.steps is None else args.steps
+    if steps < 1:
+        parser.error(f"--steps takes a count of optimizer steps from 1, not {steps}")
+    off_budget = steps != budget_steps
+    if off_budget and out.resolve() == equal_budget_out.resolve():
+        parser.error(f"--steps {steps} is off the equal budget's {budget_steps}: its runs need a file of their own, "
+                     f"e.g. --out {RESULTS / f'capabilities_{steps}_steps.json'}")
+    if off_budget and (args.sweep or args.estimate):
+        parser.error(f"--{'sweep' if args.sweep else 'estimate'} works at the equal budget's {budget_steps} steps: "
+                     f"leave out --steps {steps}")
+    try:  # once, before anything runs: a file that is not this bench's is refused, not overwritten
+        results = load(out)
+        rates = load(equal_budget_out) if off_budget else None  # where each cell's swept rate is
+        # the tables set another file's seed-0 sweep points beside the equal-budget file's (repeat_table)
+        tabled = args.markdown or args.readme
+        first = load(equal_budget_out) if tabled and out.resolve() != equal_budget_out.resolve() else None
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    if (args.table or args.markdown or args.readme) and not results["runs"]:
+        parser.error(common.nothing_to_show(out))
+    if args.markdown or args.readme:
+        show_tables(parser, args, results, first, out)
+        return
+    runs = selected_runs(parser, args, out, equal_budget_out)
 
     if args.estimate:
         if args.tiny:
@@ -918,7 +940,7 @@ def main(argv=None):
         return
     if args.list:
         for t, m, s in runs:
-            print(f"{t}/{m}/{s}: {status(results, t, m, s)}")
+            print(f"{t}/{m}/{s}: {status(args, results, rates, steps, default_lr, t, m, s)}")
         return
     if not args.table:
         torch.set_num_threads(args.threads)
@@ -926,7 +948,7 @@ def main(argv=None):
         for t, m, s in runs:
             key = f"{t}/{m}/{s}"
             results = load(out)
-            if status(results, t, m, s) == "done":
+            if status(args, results, rates, steps, default_lr, t, m, s) == "done":
                 continue
             try:
                 if args.sweep:

@@ -7,6 +7,8 @@ training files; and bad data refused at construction with a message that names t
 key or column and what was expected.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -328,3 +330,93 @@ def test_arrays_whose_header_claims_petabytes_are_refused_from_the_header(tmp_pa
     data = NumpyArrays(path=str(path), kind="image")
     with pytest.raises(ValueError, match=r"is truncated: its header declares 4,000,000,000,000,\d+ bytes"):
         data.setup("fit")
+
+
+# ---- a data set's own split folders; links out of, or back into, a class folder ----------------
+
+
+def test_image_folder_uses_the_split_folders_it_finds_under_the_root(tmp_path):
+    """root/train/<class>, root/test/<class> passed as the root: the splits, not two classes "train" and "test"."""
+    made = image_folder(tmp_path / "set" / "train", per_class=6)
+    held = image_folder(tmp_path / "set" / "test", per_class=2, start=100)
+    data = ImageFolder(str(tmp_path / "set"))
+    assert data.data_info["label_names"] == ["cat", "dog"]
+    assert data.recorded_args()["train"] == "train" and data.recorded_args()["test"] == "test"
+    split = splits(data)
+    assert sorted(split["test"]) == sorted(held) and sorted(split["train"] + split["val"]) == sorted(made)
+    assert "the data's own test split" in data.describe()["splits"]
+
+    image_folder(tmp_path / "set" / "Valid", per_class=1, start=200)  # any case; valid, val or validation
+    data = ImageFolder(str(tmp_path / "set"))
+    assert data.recorded_args()["val"] == "Valid" and sorted(splits(data)["val"]) == [200, 201]
+
+    image_folder(tmp_path / "set" / "validation", per_class=1, start=210)
+    with pytest.raises(ValueError, match=r"holds two validation folders, Valid and validation; pass val="):
+        ImageFolder(str(tmp_path / "set"))
+    image_folder(tmp_path / "heldout" / "val", per_class=1)
+    image_folder(tmp_path / "heldout" / "test", per_class=1, start=10)
+    with pytest.raises(ValueError, match=r"holds split folders \(test, val\) but no training folder; pass train="):
+        ImageFolder(str(tmp_path / "heldout"))
+
+    for name in ("train", "test"):  # classes that happen to be called so hold images, not class folders
+        (tmp_path / "vehicles" / name).mkdir(parents=True)
+        image(len(name)).save(tmp_path / "vehicles" / name / "1.png")
+        image(len(name) + 1).save(tmp_path / "vehicles" / name / "2.png")
+    data = ImageFolder(str(tmp_path / "vehicles"), test_fraction=0.25, val_fraction=0.34)
+    assert data.classes == ["test", "train"] and data.recorded_args()["train"] == ""
+
+
+def test_image_folder_never_follows_a_link_out_of_or_back_into_a_class_folder(tmp_path, caplog):
+    made = image_folder(tmp_path / "pets", per_class=3)
+    pets = tmp_path / "pets"
+    image(50).save(tmp_path / "elsewhere.png")
+    (pets / "cat" / "loop").symlink_to(pets / "cat")  # a loop: cat/loop/loop/... read 40 times over
+    assert len(ImageFolder(str(pets)).samples["train"]) == len(made)
+    (pets / "cat" / "up").symlink_to(pets)  # the whole tree again, dogs under cat
+    (pets / "cat" / "dog.png").symlink_to(pets / "dog" / "003.png")  # a dog labelled cat
+    (pets / "cat" / "out.png").symlink_to(tmp_path / "elsewhere.png")
+    (pets / "emu").symlink_to(pets / "dog")  # a class folder that is another class's
+    (pets / "cat" / "again.png").symlink_to(pets / "cat" / "000.png")  # inside its own class folder: read
+    with caplog.at_level("WARNING", logger="zoo.data.folders"):
+        data = ImageFolder(str(pets))
+    labels = {Path(path).name: data.classes[label] for path, label in data.samples["train"]}
+    assert data.classes == ["cat", "dog"] and len(labels) == len(made) + 1 == len(data.samples["train"])
+    assert all(labels[f"{s:03d}.png"] == c for s, c in made.items()) and labels["again.png"] == "cat"
+    warned = caplog.text
+    assert "skipped 5 symbolic links" in warned
+    assert all(name in warned for name in ("cat/loop", "cat/up", "cat/dog.png", "cat/out.png", "emu"))
+
+
+# ---- sizes refused up front, naming the limit -------------------------------------------------
+
+
+def test_sizes_beyond_what_can_be_held_are_refused_up_front_naming_the_limit(tmp_path):
+    from zoo.data.synthetic import MQAR, ListOps
+
+    image_folder(tmp_path / "pets", per_class=2)
+    with pytest.raises(ValueError, match=r"^ImageFolder img_size must be between 1 and 4096, got 65536$"):
+        ImageFolder(str(tmp_path / "pets"), img_size=65536)
+    with pytest.raises(ValueError, match=r"^ImageFolder img_size must be between 1 and 4096, got 5000$"):
+        ImageFolder(str(tmp_path / "pets"), img_size=[32, 5000])
+    assert ImageFolder(str(tmp_path / "pets"), img_size=4096).size == (4096, 4096)  # headers only: nothing read
+    for c in ("cat", "dog"):
+        (tmp_path / "wide" / c).mkdir(parents=True)
+        Image.new("L", (4097, 1)).save(tmp_path / "wide" / c / "1.png")
+    with pytest.raises(ValueError, match=r"holds images of 4097x1 \(width x height\), more than the 4096 pixels a "
+                                         r"side zoo holds an image at; pass img_size"):
+        ImageFolder(str(tmp_path / "wide"))
+    assert ImageFolder(str(tmp_path / "wide"), img_size=[1, 4096]).size == (1, 4096)
+
+    with pytest.raises(ValueError, match=r"^ListOps max_args must be between 2 and \d+ .*, got 1000: ") as err:
+        ListOps(max_args=1000)
+    assert "\n" not in str(err.value) and "max_depth=10" in str(err.value)
+    with pytest.raises(ValueError, match=r"^ListOps max_args must be between 2 and 18 .*max_length=20, got 19"):
+        ListOps(max_depth=2, max_args=19, min_length=4, max_length=20)  # one more argument than 20 tokens hold
+    ListOps(max_depth=2, max_args=18, min_length=4, max_length=20)
+
+    with pytest.raises(ValueError, match=r"^MQAR sequence_length must be between 1 and 1048576, got 1000000000$"):
+        MQAR(sequence_length=10**9)
+    with pytest.raises(ValueError, match=r"^MQAR test_lengths entry must be between 1 and 1048576, got 2097152$"):
+        MQAR(test_lengths=[2**21])
+    with pytest.raises(ValueError, match=r"^ListOps max_length must be between 1 and 1048576, got 1073741824$"):
+        ListOps(max_length=2**30)

@@ -153,6 +153,7 @@ def test_draw_pictures_refuses_a_read_only_log_folder(tmp_path):
 # ---- 4. the benchmarks' lock never truncates a linked file -----------------------------------
 
 
+@pytest.mark.bench
 def test_bench_lock_never_follows_a_link(tmp_path, monkeypatch):
     from bench import common
 
@@ -405,6 +406,7 @@ def test_bytes_are_written_whole_as_text_is(tmp_path):
         atomic.write_bytes_atomic(tmp_path, b"x")
 
 
+@pytest.mark.bench
 def test_bench_pictures_are_written_whole(tmp_path):
     import matplotlib
 

@@ -25,6 +25,9 @@ from zoo.models.classifier import to_unit_range
 from zoo.utils.checks import integer
 
 SPATIAL_DIMS = {"signal": 1, "image": 2, "volume": 3}
+# the largest side an image is held at: 4096 x 4096 RGB is 200 MB of float32 an image, and every image of a set
+# is held in memory at once; a larger img_size would only fail (or exhaust memory) when the pixels are read
+MAX_IMAGE_SIZE = 4096
 
 
 def npy_header(file, size: int, where, max_elements: int | None = None) -> tuple[tuple[int, ...], np.dtype]:
@@ -143,14 +146,14 @@ def check_stats(mean, std, chans: int) -> tuple[list[float], list[float]]:
     return [float(m) for m in mean], [float(s) for s in std]
 
 
-def check_image_size(img_size) -> tuple[int, int] | None:
-    """None, an int (square) or [height, width], each >= 1."""
+def check_image_size(img_size, owner: str = "the data") -> tuple[int, int] | None:
+    """None, an int (square) or [height, width], each in [1, MAX_IMAGE_SIZE]; `owner` names who checks."""
     if img_size is None:
         return None
     sizes = [img_size] * 2 if not isinstance(img_size, (list, tuple)) else list(img_size)
     if len(sizes) != 2:
         raise ValueError(f"img_size must be one integer or [height, width], got {img_size!r}")
-    return tuple(integer(s, "img_size", "the data", maximum=65536) for s in sizes)
+    return tuple(integer(s, "img_size", owner, maximum=MAX_IMAGE_SIZE) for s in sizes)
 
 
 def check_labels(labels: dict[str, np.ndarray], num_classes: int | None, source: str) -> int:

@@ -39,6 +39,10 @@ IGNORE = -100  # F.cross_entropy's default ignore_index: the positions a task do
 VAL_SEED, TEST_SEED = 2**61 + 2**23, 2**62
 TRAINING_SEEDS = 2**22
 MAX_FIXED = 2**22  # so that a set moved up by TRAINING_SEEDS ends below validation's 2**23
+# the longest sequence a task draws (training or test length). A sequence is built whole, with float64 weights for
+# MQAR's query slots: tens of MB at 2**20, while 10**9 (under the old limit, 2**31 - 1) failed or exhausted memory
+# only when the data was drawn. The fixed sets still grow with their sample counts (samples x length x 16 bytes).
+MAX_LENGTH = 2**20
 
 
 def item_seed(seed: int, epoch: int, index: int) -> int:
@@ -82,7 +86,7 @@ def check_lengths(test_lengths, train_length: int, owner: str) -> list[int]:
                         f"got {shown(test_lengths)}")
     lengths = [train_length]
     for length in test_lengths:
-        length = integer(length, "test_lengths entry", owner)
+        length = integer(length, "test_lengths entry", owner, maximum=MAX_LENGTH)
         if length not in lengths:
             lengths.append(length)
     return lengths
@@ -94,8 +98,9 @@ class SequenceData(L.LightningDataModule):
     `example(length, seed)` -> (inputs, targets), two int64 tensors of `length`.
 
     Args:
-        sequence_length: the training length.
-        test_lengths: lengths to test at besides sequence_length (length generalization), e.g. 2x to 16x it.
+        sequence_length: the training length, at most MAX_LENGTH (2**20).
+        test_lengths: lengths to test at besides sequence_length (length generalization), e.g. 2x to 16x it;
+            each at most MAX_LENGTH.
         batch_size: sequences per training batch (test batches at longer lengths hold as many tokens).
         train_samples: training sequences per epoch, drawn anew each epoch from (seed, epoch, index).
         val_samples: sequences of the fixed validation set (at sequence_length).
@@ -111,7 +116,7 @@ class SequenceData(L.LightningDataModule):
                  val_samples: int, test_samples: int, seed: int, num_workers: int = 0):
         super().__init__()
         owner = type(self).__name__
-        self.sequence_length = integer(sequence_length, "sequence_length", owner)
+        self.sequence_length = integer(sequence_length, "sequence_length", owner, maximum=MAX_LENGTH)
         self.check_length(self.sequence_length, "sequence_length")
         self.test_lengths = check_lengths(test_lengths, self.sequence_length, owner)
         for i, length in enumerate(test_lengths or []):

@@ -20,7 +20,7 @@ import random
 
 import torch
 
-from zoo.data.sequences import IGNORE, SequenceData
+from zoo.data.sequences import IGNORE, MAX_LENGTH, SequenceData
 from zoo.utils.checks import flag, integer, number
 
 
@@ -255,6 +255,20 @@ OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END, PAD = LISTOPS_IDS["]"], LISTOPS_IDS["<pad>"]
 OPERATOR_P = 0.25  # LRA's VALUE_P: a node above max_depth is an operator with this probability
 MAX_TRIES = 100_000
+# the most tokens an average draw may hold. A tree is built whole before its length is checked, and a node has on
+# average OPERATOR_P * (2 + max_args) / 2 children: above 1 the mean grows by that factor a level (7e18 tokens for
+# max_args=1000 at depth 10, a draw that never ends). Measured at depth 10 and LRA's lengths: max_args=10 averages
+# 132 tokens and 1 ms an expression; 20 averages 15,000 and 5 s an expression, nearly every draw thrown away.
+MAX_MEAN_TOKENS = 2**16
+
+
+def listops_mean_tokens(max_args: int, max_depth: int) -> float:
+    """The expected tokens of one tree `ListOps.tree` draws: a digit, or with probability OPERATOR_P (above
+    max_depth) an operator and "]" around 2..max_args subtrees, (2 + max_args) / 2 on average."""
+    mean = 1.0
+    for _ in range(max_depth - 1):
+        mean = (1 - OPERATOR_P) + OPERATOR_P * (2 + (2 + max_args) / 2 * mean)
+    return mean
 
 
 def listops_apply(operator: str, args: list[int]) -> int:
@@ -283,9 +297,11 @@ class ListOps(SequenceData):
 
     Args:
         max_depth: the deepest a digit may sit, the root at 1 (LRA: 10).
-        max_args: most arguments of one operator, at least 2 (LRA's generator: 10).
+        max_args: most arguments of one operator, at least 2 (LRA's generator: 10); at most max_length - 2 (an
+            operator of more is longer than that), and at most what keeps an average draw within 2**16 tokens
+            (MAX_MEAN_TOKENS: 24 at max_depth 10).
         min_length: fewest tokens of an expression (LRA: 501).
-        max_length: most tokens of an expression, and the padded sequence length (LRA: 1999).
+        max_length: most tokens of an expression, and the padded sequence length (LRA: 1999); at most 2**20.
         batch_size: sequences per training batch.
         train_samples: training sequences per epoch, drawn anew each epoch from (seed, epoch, index).
         val_samples: sequences of the fixed validation set.
@@ -304,7 +320,15 @@ class ListOps(SequenceData):
         self.max_depth = integer(max_depth, "max_depth", owner, 1, 100)  # the recursion goes this deep
         self.max_args = integer(max_args, "max_args", owner, 2)
         self.min_length = integer(min_length, "min_length", owner)
-        integer(max_length, "max_length", owner)  # named as the user knows it, before it becomes sequence_length
+        # named as the user knows it, before it becomes sequence_length
+        max_length = integer(max_length, "max_length", owner, maximum=MAX_LENGTH)
+        most, fits = self._most_args(max_length)
+        if self.max_args > most:
+            why = ("an operator of more arguments is longer than max_length" if fits else
+                   f"with more, an average draw holds more than {MAX_MEAN_TOKENS:,} tokens, and each tree is "
+                   "built whole before its length is checked")
+            raise ValueError(f"ListOps max_args must be between 2 and {most} with max_depth={self.max_depth} and "
+                             f"max_length={max_length}, got {self.max_args}: {why}")
         longest = 1
         for _ in range(self.max_depth - 1):
             longest = 2 + self.max_args * longest
@@ -315,6 +339,18 @@ class ListOps(SequenceData):
                              f"{self.max_depth} and max_args={self.max_args} (at most {longest} tokens)")
         super().__init__(max_length, None, batch_size, train_samples, val_samples, test_samples, seed, num_workers)
         self.expression(seed)  # one draw now: a range no tree falls in is refused here, not when data is loaded
+
+    def _most_args(self, max_length: int) -> tuple[int, bool]:
+        """The largest max_args this max_depth and max_length allow, and whether max_length is what bounds it."""
+        fits = max(2, max_length - 2)
+        if listops_mean_tokens(fits, self.max_depth) <= MAX_MEAN_TOKENS:
+            return fits, True
+        low, high = 2, fits  # the mean grows with max_args; at 2 it stays below 3 tokens, however deep
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if listops_mean_tokens(middle, self.max_depth) <= MAX_MEAN_TOKENS else (
+                low, middle - 1)
+        return low, False
 
     def arguments(self) -> dict:
         return {"max_depth": self.max_depth, "max_args": self.max_args, "min_length": self.min_length,
