@@ -526,6 +526,17 @@ def _suite_order(model: str) -> tuple:
     return (MODELS.index(base) if base else len(MODELS), numbers)
 
 
+# A suite model is the registered name's family at the suite's size (SIZE: width 64, 2 blocks, 2 heads; a hybrid
+# one linear block then one softmax block), not the registered architecture: the tables say so in their header,
+# and name a row measured on the registered architecture itself ("name:shipped") as such.
+MODEL_HEAD = "model, at the suite's size"
+
+
+def _named(model: str) -> str:
+    name, _, variant = model.partition(":")
+    return f"`{name}` as registered" if variant == "shipped" else f"`{model}`"
+
+
 def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
     """The README's tables by name, every figure from the JSON: one per task (test accuracy in %, loss in nats
     per character for text, as mean ± sample std over the seeds run; the seeds, the learning rate and minutes per
@@ -545,7 +556,7 @@ def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
             lengths_run = sorted({int(k.split("@")[1]) for m in models for r in cells[m] for k in r["metrics"]
                                   if k.startswith("test/accuracy@")})
             heads = [f"@{n}" for n in lengths_run] if len(lengths_run) > 1 else ["accuracy"]
-        lines = [f"| model | {' | '.join(heads)} | seeds | lr | min per run |", "|---" * (len(heads) + 4) + "|"]
+        lines = [f"| {MODEL_HEAD} | {' | '.join(heads)} | seeds | lr | min per run |", "|---" * (len(heads) + 4) + "|"]
         for m in models:
             records = cells[m]
             if text:
@@ -556,7 +567,7 @@ def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
             else:
                 shown = [_cell([r["metrics"][f"test/accuracy@{n}"] for r in records
                                 if f"test/accuracy@{n}" in r["metrics"]], 100.0, 1) for n in lengths_run]
-            lines.append(f"| `{m}` | {' | '.join(shown)} | {' | '.join(_about(records))} |")
+            lines.append(f"| {_named(m)} | {' | '.join(shown)} | {' | '.join(_about(records))} |")
         tables[task] = "\n".join(lines)
     grid = {t: _by_cell(results, t) for t in GRID_TASKS}
     rows = [(m, w) for m in GRID_MODELS for w in GRID_WIDTHS
@@ -565,13 +576,13 @@ def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
         first_length = TASKS[GRID_TASKS[0]][1]["sequence_length"]  # named only where a column's differs
         heads = [f"{a['num_pairs']} pairs" + (f" at {a['sequence_length']}" if a["sequence_length"] != first_length
                                               else "") for a in (TASKS[t][1] for t in GRID_TASKS)]
-        lines = [f"| model | width | {' | '.join(heads)} | seeds | lr | min per run |",
+        lines = [f"| {MODEL_HEAD} | width | {' | '.join(heads)} | seeds | lr | min per run |",
                  "|---" * (len(heads) + 5) + "|"]
         for m, w in rows:
             records = [grid[t].get(_grid_name(m, w), []) for t in GRID_TASKS]
             shown = [_cell([r["metrics"]["test/accuracy"] for r in rs], 100.0, 1) for rs in records]
             seeds, rates, minutes = (" / ".join(_about(rs)[i] if rs else "-" for rs in records) for i in range(3))
-            lines.append(f"| `{m}` | {w} | {' | '.join(shown)} | {seeds} | {rates} | {minutes} |")
+            lines.append(f"| {_named(m)} | {w} | {' | '.join(shown)} | {seeds} | {rates} | {minutes} |")
         tables["grid"] = "\n".join(lines)
     if swept := sweep_table(results):
         tables["sweep"] = swept
@@ -589,12 +600,13 @@ def sweep_table(results: dict) -> str | None:
     if not chosen:
         return None
     rates = sorted({float(lr) for r in chosen for lr in r["sweep"]})
-    lines = [f"| task | model | {' | '.join(f'{lr:g}' for lr in rates)} | seeds |", "|---" * (len(rates) + 3) + "|"]
+    lines = [f"| task | {MODEL_HEAD} | {' | '.join(f'{lr:g}' for lr in rates)} | seeds |",
+             "|---" * (len(rates) + 3) + "|"]
     for r in chosen:
         scores = {float(lr): f"{100 * v:.1f}" for lr, v in r["sweep"].items()}
         shown = [f"**{scores[lr]}**" if lr == r["lr"] and lr in scores else scores.get(lr, "-") for lr in rates]
         seeds = ", ".join(map(str, range(r.get("sweep_seeds", 1))))
-        lines.append(f"| {r['task']} | `{r['model']}` | {' | '.join(shown)} | {seeds} |")
+        lines.append(f"| {r['task']} | {_named(r['model'])} | {' | '.join(shown)} | {seeds} |")
     return "\n".join(lines)
 
 
@@ -688,8 +700,8 @@ def repeat_table(results: dict, first: dict) -> str | None:
             cells.setdefault((point["task"], point["model"]), []).append((point, first["sweep"][key]))
     if not cells:
         return None
-    lines = ["| task | model | CPU | rates that repeat to the digit | rates that part: this run / the suite's |",
-             "|---|---|---|---|---|"]
+    lines = [f"| task | {MODEL_HEAD} | CPU | rates that repeat to the digit | rates that part: this run / the "
+             "suite's |", "|---|---|---|---|---|"]
     for task, model in sorted(cells, key=lambda c: (_task_order(c[0]), _suite_order(c[1]))):
         pairs = sorted(cells[task, model], key=lambda pair: pair[0]["lr"])
         kinds = {again.get("cpu_flags") == before.get("cpu_flags") for again, before in pairs}
@@ -707,7 +719,8 @@ def repeat_table(results: dict, first: dict) -> str | None:
                      if n != training and _measured_on(again, n) == _measured_on(before, n)  # the same sequences
                      and again["metrics"][f"test/accuracy@{n}"] != before["metrics"][f"test/accuracy@{n}"]]
             repeated.append(f"{again['lr']:g}" + (f" (not beyond: {', '.join(moved)})" if moved else ""))
-        lines.append(f"| {task} | `{model}` | {cpu} | {', '.join(repeated) or '-'} | {', '.join(parted) or '-'} |")
+        lines.append(f"| {task} | {_named(model)} | {cpu} | {', '.join(repeated) or '-'} | "
+                     f"{', '.join(parted) or '-'} |")
     return "\n".join(lines)
 
 

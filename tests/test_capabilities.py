@@ -857,8 +857,8 @@ def test_bench_markdown_gives_each_cells_mean_and_sample_std_over_seeds():
     # a run on the test sets from before they moved says so, until it has run again
     assert mqar[5] == "| `micro-gpt-tiny:alibi` | 50.0 ± 0.0 | 25.0 ± 0.0 | 0, 1 (old test sets: 0) | 0.001 | 1.0 |"
     # the grid: a row per model and width, pairs (and lengths past 64) across; a cell not run is "-"
-    assert grid[0] == ("| model | width | 4 pairs | 8 pairs | 16 pairs | 8 pairs at 128 | 16 pairs at 128 | seeds | lr "
-                       "| min per run |")
+    assert grid[0] == ("| model, at the suite's size | width | 4 pairs | 8 pairs | 16 pairs | 8 pairs at 128 | "
+                       "16 pairs at 128 | seeds | lr | min per run |")
     assert grid[2:] == [
         "| `gpt-tiny` | 64 | 95.0 ± 7.1 | 50.0 | - | - | 25.0 | 0, 1 / 0 / - / - / 0 | 0.001 / 0.001 / - / - / 0.001 "
         "| 1.5 / 1.0 / - / - / 1.0 |",
@@ -915,7 +915,7 @@ def test_bench_sweep_table_gives_each_swept_cells_validation_at_every_rate_it_ra
             _record("a_task_since_removed", "gpt-tiny", 0, 0.5, sweep={"0.001": 0.5})]
     rows = capabilities.markdown({"runs": {f"{r['task']}/{r['model']}/{r['seed']}": r for r in runs}})["sweep"]
     assert rows.splitlines() == [
-        "| task | model | 0.0003 | 0.001 | 0.003 | 0.01 | 0.03 | 0.1 | seeds |",
+        "| task | model, at the suite's size | 0.0003 | 0.001 | 0.003 | 0.01 | 0.03 | 0.1 | seeds |",
         "|---|---|---|---|---|---|---|---|---|",
         "| mqar | `gpt-tiny` | 25.0 | 100.0 | **100.0** | 50.0 | - | - | 0 |",
         "| mqar | `micro-gpt-tiny` | 10.0 | 20.0 | **30.0** | 20.0 | - | - | 0, 1, 2 |",
@@ -1847,3 +1847,20 @@ def test_readme_says_what_the_suite_cost_as_its_json_does():
                  f"({two} runs of the suite's {len(records)} records and points ran alone at two threads)"):
         assert said in words
     assert short / 2 <= 8 < (short + grid64) / 2 < long / 2  # what the paragraph concludes from them
+
+
+@pytest.mark.bench
+def test_a_registered_architecture_as_shipped_is_named_so_and_built_as_registered():
+    """`name:shipped` is the registered architecture exactly (its width, depth, heads, initialization), and its
+    rows say "as registered", where the suite's rows are the name's family at the suite's size."""
+    from bench import capabilities
+
+    name, size = capabilities.model_spec("hybrid-elita-conv1-gpt-tiny:shipped")
+    assert (name, size) == ("hybrid-elita-conv1-gpt-tiny", {})
+    built = zoo.create(name, vocab_size=16, context_length=64, **size)
+    registered = zoo.create(name, vocab_size=16, context_length=64)
+    assert built.config == registered.config and built.config["depth"] == 4
+    assert capabilities.model_spec("hybrid-elita-gpt-tiny:conv1")[1]["depth"] == capabilities.SIZE["depth"]
+    assert capabilities._named("hybrid-elita-conv1-gpt-tiny:shipped") == "`hybrid-elita-conv1-gpt-tiny` as registered"
+    assert capabilities._named("gpt-tiny:rope") == "`gpt-tiny:rope`"
+    assert capabilities.MODEL_HEAD == "model, at the suite's size"
