@@ -77,9 +77,8 @@ MUTATIONS = (
              ("tests/test_attention.py", "tests/test_generate.py")),
     Mutation("label order: an image folder's classes in reverse order",
              "zoo/data/folders.py",
-             "classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith(\".\"))",
-             "classes = sorted((e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith(\".\")),"
-             " reverse=True)",
+             "    return sorted(names)\n",
+             "    return sorted(names, reverse=True)\n",
              ("tests/test_data_sources.py",)),
     Mutation("label order: classify names each probability with another class's label",
              "zoo/models/classifier.py",
