@@ -49,7 +49,8 @@ def test_swap_to_softmax_leaves_a_timm_vit_unchanged(caplog):
     images = torch.randn(2, 3, 32, 32)
     tokens = 1 + (32 // 8) ** 2
     allowed = torch.rand(2, 1, tokens, tokens) > 0.3
-    allowed |= torch.eye(tokens, dtype=torch.bool)  # every row keeps a key
+    allowed[..., 0] = True  # every row keeps a key (the class token's); the masks forbid some rows their own
+    assert not allowed.diagonal(dim1=-2, dim2=-1).all()
     with caplog.at_level(logging.INFO, logger="zoo.attention.swapping"):
         swapped = swap(copy.deepcopy(vit), "softmax")
     assert all(isinstance(block.attn, TimmAttention) and type(block.attn.attn) is SoftmaxAttention
@@ -156,7 +157,8 @@ def test_attn_mask_and_is_causal_match_the_formula():
     causal_twin.load_state_dict(layer.state_dict())
     x = torch.randn(2, 5, 8)
     allowed = torch.rand(2, 2, 5, 5) > 0.4
-    allowed |= torch.eye(5, dtype=torch.bool)
+    allowed[..., 0] = True  # every row keeps a key; some are forbidden their own (no diagonal crutch)
+    assert not allowed.diagonal(dim1=-2, dim2=-1).all()
     additive = torch.zeros(2, 2, 5, 5).masked_fill(~allowed, float("-inf"))
     # the float64 formula: logits + mask, softmax, through the same projections
     d, hd = 8, 4
