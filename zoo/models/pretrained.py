@@ -225,7 +225,7 @@ def check_config_builds(model: nn.Module) -> None:
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _plain(value) -> bool:
+def _is_plain(value) -> bool:
     return isinstance(value, _PLAIN) or isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value)
 
 
@@ -240,7 +240,7 @@ def module_settings(model: nn.Module) -> dict[str, tuple]:
             continue  # the model's own attributes are its config's
         values = tuple(sorted((key, tuple(value) if isinstance(value, list) else value)
                               for key, value in vars(module).items()
-                              if not key.startswith("_") and key != "training" and _plain(value)))
+                              if not key.startswith("_") and key != "training" and _is_plain(value)))
         settings[name] = (f"{type(module).__module__}.{type(module).__qualname__}", values)
     return settings
 

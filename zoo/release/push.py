@@ -35,6 +35,14 @@ def upload_files(folder: Path) -> list[str]:
     return [f for f in (CONFIG, WEIGHTS, CARD) if (folder / f).is_file()]
 
 
+def _checked_release(source, config: str | None) -> tuple[Path, list[str]]:
+    """The release folder behind `source` and the files to upload, its config.json read and checked."""
+    folder = release_folder(source, config)
+    files = upload_files(folder)
+    read_config((folder / CONFIG).read_bytes(), folder / CONFIG)
+    return folder, files
+
+
 def push(source, repo_id: str, *, private: bool = False, revision: str | None = None, token: str | None = None,
          config: str | None = None, commit_message: str | None = None, api=None) -> str:
     """Upload a release folder to the Hub repository `repo_id` (created if needed); returns the commit URL.
@@ -68,17 +76,14 @@ def push(source, repo_id: str, *, private: bool = False, revision: str | None = 
 
         read_checkpoint(source)
     else:  # a folder that is no release, or an unknown name, is refused before the Hub is asked too
-        folder = release_folder(source, config)
-        files = upload_files(folder)
-        read_config((folder / CONFIG).read_bytes(), folder / CONFIG)
+        folder, files = _checked_release(source, config)
     if api is None:
         from huggingface_hub import HfApi
 
         check_hub(token, shown)  # before a .ckpt is exported: the Hub answers, and takes the token
         api = HfApi(token=token)
     if exported:
-        folder = release_folder(source, config)
-        files = upload_files(folder)
+        folder, files = _checked_release(source, config)
     with _hub_errors(shown, revision):
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         if revision:

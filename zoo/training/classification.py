@@ -43,10 +43,9 @@ def fit_to_data(model_name: str, overrides: dict, data_info: dict | None) -> dic
 
 def _differences(model, kwargs: dict) -> list[str]:
     """The constructor arguments in `kwargs` that `model` was not built with (JSON's lists for tuples)."""
-    def plain(value):
-        return list(value) if isinstance(value, tuple) else value
+    from zoo.training.source import _plain
 
-    return [key for key, value in kwargs.items() if plain(model.config.get(key)) != plain(value)]
+    return [key for key, value in kwargs.items() if _plain(model.config.get(key)) != _plain(value)]
 
 
 def build_model(model_name: str, kwargs: dict, model_config: dict | None):
@@ -123,13 +122,11 @@ class ClassificationTask(L.LightningModule):
         if self.hparams.data_info is not None or self._fitted_to_data or not isinstance(info, dict):
             return
         kwargs = fit_to_data(self.hparams.model_name, self.hparams.model_overrides or {}, info)
+        self.hparams.data_info, self._fitted_to_data = info, True
         if not _differences(self.model, kwargs):
-            self.hparams.data_info = info
             return
         device = next(self.model.parameters()).device
         self._build(build_model(self.hparams.model_name, kwargs, None).to(device))
-        self.hparams.data_info = info
-        self._fitted_to_data = True
         log.info("ClassificationTask: built %s for %s's data_info (%d classes, mean %s, std %s), as `zoo fit` "
                  "links it; pass data_info=datamodule.data_info to build it so at once", self.hparams.model_name,
                  type(data).__name__, self.num_classes, info.get("mean"), info.get("std"))
