@@ -285,3 +285,12 @@ def test_an_attention_module_shared_by_two_layers_is_swapped_at_both():
     model = swap(TwoLayers().eval(), "quiet")
     assert isinstance(model.first, MultiheadAdapter) and model.first is model.second  # still one shared module
     assert sum(1 for m in model.modules() if isinstance(m, MultiheadAdapter)) == 1
+
+
+def test_bad_strict_or_a_nan_option_is_refused_before_the_model_changes():
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1).eval()
+    with pytest.raises(TypeError, match="swap strict must be true or false, got 'no'"):
+        swap(model, "quiet", strict="no")
+    with pytest.raises(ValueError, match="alpha must be a finite number"):
+        swap(model, "clipped", alpha=float("nan"))
+    assert isinstance(model.layers[0].self_attn, nn.MultiheadAttention)  # untouched
