@@ -532,6 +532,13 @@ def _suite_order(model: str) -> tuple:
 MODEL_HEAD = "model, at the suite's size"
 
 
+def _model_head(models) -> str:
+    """The model column's heading: a table of registered architectures only ("name:shipped") is not at the
+    suite's size, and says so."""
+    models = list(models)
+    return "model, as registered" if models and all(m.endswith(":shipped") for m in models) else MODEL_HEAD
+
+
 def _named(model: str) -> str:
     name, _, variant = model.partition(":")
     return f"`{name}` as registered" if variant == "shipped" else f"`{model}`"
@@ -556,7 +563,8 @@ def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
             lengths_run = sorted({int(k.split("@")[1]) for m in models for r in cells[m] for k in r["metrics"]
                                   if k.startswith("test/accuracy@")})
             heads = [f"@{n}" for n in lengths_run] if len(lengths_run) > 1 else ["accuracy"]
-        lines = [f"| {MODEL_HEAD} | {' | '.join(heads)} | seeds | lr | min per run |", "|---" * (len(heads) + 4) + "|"]
+        lines = [f"| {_model_head(models)} | {' | '.join(heads)} | seeds | lr | min per run |",
+                 "|---" * (len(heads) + 4) + "|"]
         for m in models:
             records = cells[m]
             if text:
@@ -584,11 +592,43 @@ def markdown(results: dict, first: dict | None = None) -> dict[str, str]:
             seeds, rates, minutes = (" / ".join(_about(rs)[i] if rs else "-" for rs in records) for i in range(3))
             lines.append(f"| {_named(m)} | {w} | {' | '.join(shown)} | {seeds} | {rates} | {minutes} |")
         tables["grid"] = "\n".join(lines)
+    if summary := summary_table(results):
+        tables["summary"] = summary
     if swept := sweep_table(results):
         tables["sweep"] = swept
     if first is not None and (repeated := repeat_table(results, first)):
         tables["repeats"] = repeated
     return tables
+
+
+# The summary's columns: (task, test length or None for the task's one figure, heading)
+SUMMARY = (("mqar", 64, "MQAR"), ("mqar", 1024, "MQAR at 16x"), ("induction_heads", 64, "induction"),
+           ("induction_heads", 512, "induction at 8x"), ("selective_copying", 128, "copying"),
+           ("selective_copying", 256, "copying at 2x"), ("listops", None, "ListOps"),
+           ("pixel_mnist", None, "pixel MNIST"), ("stdlib", None, "stdlib, nats/char"))
+
+
+def summary_table(results: dict) -> str | None:
+    """One row per model of the suite, one column per task (SUMMARY): the mean over its seeds of test accuracy in %
+    (loss for text), so that a page can open with every task at once; None unless the file holds every task."""
+    cells = {task: _by_cell(results, task) for task, _, _ in SUMMARY}
+    if not all(cells.values()):
+        return None
+    models = sorted({m for m in cells["mqar"] if m not in GRID_VARIANTS}, key=_suite_order)
+    lines = [f"| {MODEL_HEAD} | {' | '.join(head for _, _, head in SUMMARY)} |", "|---" * (len(SUMMARY) + 1) + "|"]
+    for m in models:
+        shown = []
+        for task, n, _ in SUMMARY:
+            records = cells[task].get(m, [])
+            if TASKS[task][0] == "LongContextText":
+                values = [r["metrics"]["test/loss"] for r in records]
+                shown.append(f"{statistics.fmean(values):.3f}" if values else "-")
+                continue
+            key = "test/accuracy" if n is None else f"test/accuracy@{n}"
+            values = [r["metrics"][key] for r in records if key in r["metrics"]]
+            shown.append(f"{100 * statistics.fmean(values):.1f}" if values else "-")
+        lines.append(f"| {_named(m)} | {' | '.join(shown)} |")
+    return "\n".join(lines)
 
 
 def sweep_table(results: dict) -> str | None:
@@ -600,7 +640,7 @@ def sweep_table(results: dict) -> str | None:
     if not chosen:
         return None
     rates = sorted({float(lr) for r in chosen for lr in r["sweep"]})
-    lines = [f"| task | {MODEL_HEAD} | {' | '.join(f'{lr:g}' for lr in rates)} | seeds |",
+    lines = [f"| task | {_model_head(r['model'] for r in chosen)} | {' | '.join(f'{lr:g}' for lr in rates)} | seeds |",
              "|---" * (len(rates) + 3) + "|"]
     for r in chosen:
         scores = {float(lr): f"{100 * v:.1f}" for lr, v in r["sweep"].items()}
@@ -743,6 +783,25 @@ def fill_readme(text: str, tables: dict[str, str], source: str = OUT.stem) -> st
     return text
 
 
+def fill_pages(pages: dict[Path, str], tables: dict[str, str], source: str = OUT.stem) -> dict[Path, str]:
+    """Each page's text with the tables whose markers it holds put in (fill_readme on each): the tables of one
+    JSON live on several docs pages, one per task. A table whose marker no page holds is named, with the pages."""
+    filled = dict(pages)
+    for name, table in tables.items():
+        start = f"<!-- {source}:{name} -->"
+        holders = [page for page, text in filled.items() if start in text]
+        if not holders:
+            where = f"{next(iter(pages))} has no" if len(pages) == 1 else f"none of {', '.join(map(str, pages))} has a"
+            raise ValueError(f"{where} {start} marker for the {name} table: add one, and the closing "
+                             "<!-- /capabilities --> after it, where the table goes")
+        for page in holders:
+            try:
+                filled[page] = fill_readme(filled[page], {name: table}, source)
+            except ValueError as error:
+                raise ValueError(f"{page} {error}") from None
+    return filled
+
+
 def _grid_name(model: str, width: int) -> str:
     return model + ("" if width == SIZE["embed_dim"] else f":w{width}")
 
@@ -776,16 +835,19 @@ def show_tables(parser, args, results: dict, first: dict | None, out: Path) -> N
             tables["compute"] = compute_table(compute_files())
         except ValueError as error:
             parser.error(str(error))
-    if not args.readme:
+    if not args.pages:
         print("\n\n".join(f"{name}:\n\n{table}" for name, table in tables.items()))
         return
-    try:  # read, fill, write in turn with any other --readme: neither loses the other's tables
+    try:  # read, fill, write in turn with any other --pages: neither loses the other's tables
         with locked("readme"):
-            write_text_atomic(args.readme, fill_readme(args.readme.read_text(), tables, out.stem))
+            pages = {page: page.read_text() for page in args.pages}
+            for page, text in fill_pages(pages, tables, out.stem).items():
+                if text != pages[page]:
+                    write_text_atomic(page, text)
     except OSError as error:
         parser.error(str(error))
-    except ValueError as error:  # which README, and which marker it lacks
-        parser.error(f"{args.readme} {error}")
+    except ValueError as error:  # which page, and which marker it lacks
+        parser.error(str(error))
 
 
 def selected_runs(parser, args, out: Path, equal_budget_out: Path) -> list[tuple[str, str, int]]:
@@ -892,9 +954,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print the README's tables from the JSON")
-    parser.add_argument("--readme", type=Path, metavar="README", help="put the tables into this README, between "
-                        "its <!-- STEM:TASK --> and <!-- /capabilities --> markers, STEM the JSON's (--out) file "
-                        "name without .json: capabilities for the suite's")
+    parser.add_argument("--pages", "--readme", type=Path, nargs="+", metavar="PAGE",
+                        help="put the tables into these pages (docs/capabilities/*.md), each between its "
+                        "<!-- STEM:TASK --> and <!-- /capabilities --> markers, wherever a page holds them, STEM "
+                        "the JSON's (--out) file name without .json: capabilities for the suite's")
     return parser
 
 
@@ -928,13 +991,13 @@ def main(argv=None):
         results = load(out)
         rates = load(equal_budget_out) if off_budget else None  # where each cell's swept rate is
         # the tables set another file's seed-0 sweep points beside the equal-budget file's (repeat_table)
-        tabled = args.markdown or args.readme
+        tabled = args.markdown or args.pages
         first = load(equal_budget_out) if tabled and out.resolve() != equal_budget_out.resolve() else None
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    if (args.table or args.markdown or args.readme) and not results["runs"]:
+    if (args.table or args.markdown or args.pages) and not results["runs"]:
         parser.error(common.nothing_to_show(out))
-    if args.markdown or args.readme:
+    if args.markdown or args.pages:
         show_tables(parser, args, results, first, out)
         return
     runs = selected_runs(parser, args, out, equal_budget_out)

@@ -1,4 +1,4 @@
-"""The leaderboard: every attention mechanism on the same recipe and budget, three seeds (issue 13).
+"""The leaderboard: every attention mechanism on the same recipe and budget, three seeds.
 
     python bench/leaderboard.py                      # run what is missing, two at a time, then print the table
     python bench/leaderboard.py --only 'text*' --jobs 1
@@ -109,11 +109,11 @@ GROUPS = (
     Group("shakespeare-hybrids", "shakespeare", ("hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny",
                                                  "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny",
                                                  "hybrid-elita-conv1-gpt-tiny", "incontext-gpt-tiny"), (0, 1, 2),
-          "val/loss", False, data="text", extra=TRACK_OUTLIERS, notes="issue 25: one softmax block among linear "
+          "val/loss", False, data="text", extra=TRACK_OUTLIERS, notes="one softmax block among linear "
           "ones (with short convolutions in every block, in the first only, or none), and the in-context bias; "
           "the shakespeare group's recipe"),
     Group("mnist-hybrids", "mnist", ("hybrid-micro-vit-tiny", "incontext-vit-tiny"), (0, 1, 2), "test/acc", True,
-          0.99, "val/acc", notes="issue 25: the image hybrid and the in-context bias on the MNIST recipe"),
+          0.99, "val/acc", notes="the image hybrid and the in-context bias on the MNIST recipe"),
 )
 
 

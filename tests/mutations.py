@@ -117,7 +117,7 @@ MUTATIONS = (
              "bias[self.dim : 2 * self.dim])",
              ("tests/test_swap.py",)),
     Mutation("registration: the timm hook is used up by a find_spec before timm is imported",
-             "zoo/release/timm_hook.py",
+             "zoo/release/import_hook.py",
              "        spec = None\n",
              "        sys.meta_path.remove(self)\n        spec = None\n",
              ("tests/test_import_order.py",)),

@@ -31,7 +31,7 @@ from zoo.training.sequence import SequenceTask, position_buckets
 from .conftest import data_root
 
 ROOT = data_root()
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGES = Path(__file__).resolve().parents[1] / "docs" / "capabilities"  # the results pages of the suite
 TINY = {"embed_dim": 32, "depth": 1, "num_heads": 2}
 SMALL = {"train_samples": 64, "val_samples": 8, "test_samples": 8, "batch_size": 8}
 
@@ -1033,27 +1033,48 @@ def test_bench_readme_waits_for_another_writer_of_the_readme(tmp_path, monkeypat
 
 @pytest.mark.bench
 @pytest.mark.parametrize("name", ["capabilities.json", "capabilities_alibi_slopes.json",
-                                  "capabilities_alibi_slopes_swept.json", "capabilities_sweep_seeds.json"])
-def test_readme_capability_tables_are_the_jsons(name):
-    """Every figure in the README's capability tables comes from its JSON in bench/results: putting the JSON's
-    tables into the README (`python bench/capabilities.py --readme README.md`, with `--out` for another file)
-    changes nothing; so does the table of how another file's seed-0 points repeat the suite's."""
+                                  "capabilities_alibi_slopes_swept.json", "capabilities_sweep_seeds.json",
+                                  "shipped_mqar.json", "shipped_mqar_4000_steps.json"])
+def test_capability_pages_tables_are_the_jsons(name):
+    """Every figure in the capability pages' tables comes from its JSON in bench/results: putting the JSON's
+    tables into the pages (`python bench/capabilities.py --pages docs/capabilities/*.md`, with `--out` for another
+    file) changes nothing; so does the table of how another file's seed-0 points repeat the suite's."""
     from bench import capabilities
 
-    readme, out = README.read_text(), capabilities.RESULTS / name
+    pages, out = {page: page.read_text() for page in sorted(PAGES.glob("*.md"))}, capabilities.RESULTS / name
     first = None if out == capabilities.OUT else capabilities.load(capabilities.OUT)
     tables = capabilities.markdown(capabilities.load(out), first)
     assert ("repeats" in tables) == (name == "capabilities_sweep_seeds.json")
-    if out == capabilities.OUT:  # the suite's --readme also fills the compute table, from every results file
+    assert ("summary" in tables) == (name == "capabilities.json")
+    if out == capabilities.OUT:  # the suite's --pages also fills the compute table, from every results file
         tables["compute"] = capabilities.compute_table(capabilities.compute_files())
-    command = "python bench/capabilities.py --readme README.md" + (f" --out bench/results/{name}"
-                                                                   if out != capabilities.OUT else "")
-    assert capabilities.fill_readme(readme, tables, out.stem) == readme, f"run: {command}"
+    command = "python bench/capabilities.py --pages docs/capabilities/*.md" + (
+        f" --out bench/results/{name}" if out != capabilities.OUT else "")
+    assert capabilities.fill_pages(pages, tables, out.stem) == pages, f"run: {command}"
+
+
+def test_fill_pages_puts_each_table_on_the_page_that_holds_its_marker(tmp_path):
+    """A JSON's tables live on several pages: each goes where its marker is, a page without markers is left as
+    it was, and a table no page has a marker for is named with the pages looked in."""
+    from bench import capabilities
+
+    a, b, c = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "c.md"
+    pages = {a: "<!-- capabilities:mqar -->\nold\n<!-- /capabilities -->\n",
+             b: "x\n<!-- capabilities:grid -->\n<!-- /capabilities -->\ny\n", c: "nothing here\n"}
+    filled = capabilities.fill_pages(pages, {"mqar": "| m |", "grid": "| g |"})
+    assert filled == {a: "<!-- capabilities:mqar -->\n| m |\n<!-- /capabilities -->\n",
+                      b: "x\n<!-- capabilities:grid -->\n| g |\n<!-- /capabilities -->\ny\n", c: "nothing here\n"}
+    none = f"none of {a}, {b}, {c} has a <!-- capabilities:listops --> marker"
+    with pytest.raises(ValueError, match=re.escape(none)):
+        capabilities.fill_pages(pages, {"listops": "| l |"})
+    with pytest.raises(ValueError, match=re.escape(f"{c} has no <!-- capabilities:listops --> marker")):
+        capabilities.fill_pages({c: pages[c]}, {"listops": "| l |"})
 
 
 def _readme_words() -> str:
-    """The README with every run of whitespace made one space: its line breaks fall anywhere in a sentence."""
-    return " ".join(README.read_text().split())
+    """The capability pages with every run of whitespace made one space: line breaks fall anywhere in a
+    sentence."""
+    return " ".join(" ".join(page.read_text().split()) for page in sorted(PAGES.glob("*.md")))
 
 
 def _swept_cells(results: dict) -> list[tuple[str, str]]:

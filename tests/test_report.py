@@ -4,32 +4,16 @@ $ZOO_ARTIFACTS (default: the test's temporary folder)."""
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.browser import chromium
 from tests.conftest import data_root
 from tests.test_checkpoints import PLANNED
 
 pytest.importorskip("matplotlib")
 REPO = Path(__file__).resolve().parents[1]
-
-
-def chromium():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    browser, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    if not browser or not driver:
-        pytest.skip("Chromium and chromedriver are not installed (apt install chromium chromium-driver; .ci/run does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,2000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    from selenium.webdriver.chrome.service import Service
-
-    return webdriver.Chrome(options=options, service=Service(driver))
 
 
 @pytest.mark.slow  # 36 s: Chromium renders the whole page

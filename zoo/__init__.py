@@ -38,4 +38,5 @@ def __dir__():
     return sorted([*globals(), *_LAZY])
 
 
-from zoo.release import timm_hook  # noqa: E402,F401  (registers the image models with timm once timm is imported)
+# the image models reach timm's registry, and the text models transformers' Auto classes, once each is imported
+from zoo.release import timm_hook, transformers_hook  # noqa: E402,F401

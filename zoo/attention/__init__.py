@@ -18,11 +18,18 @@ from zoo.attention.dot_product import attend
 from zoo.attention.elita import ElitaAttention, ElitaState, FeedForward2
 from zoo.attention.fused import FusedAttention
 from zoo.attention.gated import GatedAttention
+from zoo.attention.hf_attention import (
+    ATTENTION_FUNCTIONS,
+    attention_function,
+    register_attention_functions,
+    register_if_imported,
+)
+from zoo.attention.hf_swap import TransformersAttention
 from zoo.attention.incontext import InContextAttention, InContextState
 from zoo.attention.micro import MicroAttention, MicroState
 from zoo.attention.quiet import QuietAttention, softmax_one
 from zoo.attention.softmax import KVCache, SoftmaxAttention
-from zoo.attention.swapping import MIXERS, MultiheadAdapter, TimmAttention, swap
+from zoo.attention.swapping import MIXERS, MultiheadAdapter, TimmAttention, load_swapped, swap
 from zoo.utils.checks import shown
 
 # every mechanism by name: the token mixers, and FusedAttention, which pools a sequence into one vector
@@ -57,7 +64,12 @@ def build(name: str, dim: int, heads: int = 1, causal: bool = False, **kwargs) -
     return MECHANISMS[name](dim, heads=heads, causal=causal, **kwargs)
 
 
+# attn_implementation="zoo_quiet" at once where transformers is already imported (transformers is never imported
+# here: zoo works without it; imported later, zoo's import hook for it or the user calls register_attention_functions)
+register_if_imported()
+
 __all__ = [
+    "ATTENTION_FUNCTIONS",
     "KV_CACHED",
     "MECHANISMS",
     "ClippedSoftmaxAttention",
@@ -76,8 +88,12 @@ __all__ = [
     "QuietAttention",
     "SoftmaxAttention",
     "TimmAttention",
+    "TransformersAttention",
     "attend",
+    "attention_function",
     "build",
+    "load_swapped",
+    "register_attention_functions",
     "softmax_one",
     "swap",
 ]

@@ -164,7 +164,7 @@ def attend(
             default False: every key.
         key_padding_mask: (B, Lk) bool, True for real tokens; padded keys are never attended (a padded query
             with no real key before it sees itself, so its row stays finite). Default None: all real.
-        bias: (H, Lq, Lk) additive logits (sciformer's trainable mask), or None (default).
+        bias: (H, Lq, Lk) additive logits (SciFormer's trainable mask), or None (default).
         quiet: normalize with softmax_one instead of softmax (default False).
         clip: (zeta, gamma) of the clipped softmax (zoo/attention/clipped.py), computed on the explicit path;
             gamma a number or a tensor broadcasting over (Lq, Lk). Default None: no clipping.

@@ -1,4 +1,4 @@
-"""ELiTA (elita.md): Attention2, causal attention in linear time, and FeedForward2.
+"""ELiTA's Attention2, causal attention in linear time, and FeedForward2, from the ELiTA write-up.
 
 Attention2 for token i of a sequence, with scalar keys k1, k2, k3 and a position term
 p_{r,i} = sin(i a_r / n + b_r), r = 1, 2:
@@ -139,7 +139,7 @@ def running_mean(logits: torch.Tensor, log_norm: torch.Tensor, values: torch.Ten
 
 
 class ElitaAttention(nn.Module):
-    """ELiTA's Attention2 (elita.md): causal softmax attention in linear time, with scalar keys.
+    """ELiTA's Attention2 (the ELiTA write-up): causal softmax attention in linear time, with scalar keys.
 
     For token i, with scalar keys k1, k2, k3 (vectors of width dim, one set per head), value map V, and
     positions p_{r,i} = sin(i a_r / n + b_r) (r = 1, 2; vectors of width pos_dim) weighted by c:
@@ -325,8 +325,9 @@ class ElitaAttention(nn.Module):
 class FeedForward2(nn.Module):
     """ELiTA's bilinear feed-forward: y_k = sum_{i,j} W3[k, i, j] swish(W1 x + b1)_i swish(W2 x + b2)_j + b3_k.
 
-    elita.md's FeedForward2, y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3 with swish(z) = z sigmoid(z):
-    the up-projection is replaced by two narrow ones (dim and rank wide) whose outer product W3 reads.
+    The ELiTA write-up's FeedForward2, y = W3 (swish(W1 x + b1) outer swish(W2 x + b2)) + b3 with
+    swish(z) = z sigmoid(z): the up-projection is replaced by two narrow ones (dim and rank wide) whose outer
+    product W3 reads.
     Takes x (..., dim) and returns (..., dim).
 
     Args:

@@ -1,4 +1,4 @@
-"""FusedAttention (fused-attention.md): attention that pools L tokens into one vector.
+"""FusedAttention (the FusedAttention write-up): attention that pools L tokens into one vector.
 
     Q = f_Q(X), K = f_K(X), V = f_V(X)
     alpha = fuse(norm(K^T Q / sqrt(d)))      (L keys x 1)
@@ -33,7 +33,7 @@ FUSES = ("mean", "max", "learned")
 
 
 class FusedAttention(nn.Module):
-    """Pools (batch, length, dim) tokens into g_V of a (batch, dim) vector (fused-attention.md).
+    """Pools (batch, length, dim) tokens into g_V of a (batch, dim) vector (the FusedAttention write-up).
 
     For each head, with d the per-head key width (dim / heads):
 

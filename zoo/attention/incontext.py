@@ -1,5 +1,5 @@
-"""In-context attention: softmax attention with a position bias made from the activations (sciformer.md's
-TODO, "use activations to create bias terms, b = W_x x"; issue 25).
+"""In-context attention: softmax attention with a position bias made from the activations (the open
+TODO of SciFormer's write-up, "use activations to create bias terms, b = W_x x").
 
 Two linear maps of the activations make the bias. Each token t gets a gate per head,
 
@@ -78,7 +78,7 @@ class InContextState:
 
 
 class InContextAttention(nn.Module):
-    """Multi-head softmax attention with an in-context position bias (sciformer.md's b = W_x x).
+    """Multi-head softmax attention with an in-context position bias (SciFormer's b = W_x x).
 
     For each head, with q, k, v the head's slices of W_qkv x, d = dim / heads, per-token gates
     g_t = sigmoid(w_g . x_t + b_g), c = cumsum(g) and per-query tables B_i = W_b x_i + b_b:

@@ -1,4 +1,4 @@
-"""MicroAttention (micro-attention.md): attention with a running weighted mean.
+"""MicroAttention (the MicroAttention write-up): attention with a running weighted mean.
 
 Each token gets a non-negative score from P learned global queries,
 
@@ -10,7 +10,7 @@ so far (causal) or of all tokens (bidirectional, for images):
     m_t = sum_{j<=t} s_j x_j / sum_{j<=t} s_j.
 
 With `heads` > 1 each head has its own P queries (over the whole token) and its own
-mean over its slice of channels; heads=1 is the seed's layer. A causal layer decodes
+mean over its slice of channels; heads=1 is the write-up's layer. A causal layer decodes
 with one vector and one scalar per head of state.
 
 Fixes to the seed: its code defines `ScoresMatrix` but uses `self.Matrix`, so it does
@@ -115,7 +115,7 @@ class MicroState:
 
 
 class MicroAttention(nn.Module):
-    """MicroAttention (micro-attention.md): each token minus a score-weighted running mean of the tokens.
+    """MicroAttention (the MicroAttention write-up): each token minus a score-weighted running mean of the tokens.
 
     Each token x_t gets a non-negative score from P learned global queries q_p, and the layer returns
 
@@ -138,7 +138,7 @@ class MicroAttention(nn.Module):
 
     Args:
         dim: the token width, an int >= 1 divisible by `heads`.
-        heads: the number of heads, an int >= 1 (default 1, the seed's layer).
+        heads: the number of heads, an int >= 1 (default 1, the write-up's layer).
         causal: True (the default): m_t averages tokens 0..t, and `step` decodes; False: every m_t averages
             all tokens (for images).
         num_queries: P, the number of learned global queries per head, an int >= 1 (default 4).

@@ -58,7 +58,7 @@ def softmax_one(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax_one(x)_i = exp(x_i) / (1 + sum_j exp(x_j)) along `dim`, stable for every finite input.
 
     Evan Miller's "attention is off by one": the extra 1 lets every weight go to 0 together. Fixed from
-    quiet-attention.md, which subtracts the row maximum m before adding the 1 and so computes
+    the quiet-attention write-up, which subtracts the row maximum m before adding the 1 and so computes
     exp(x_i) / (exp(m) + sum_j exp(x_j)), another function (1/3 each for x = [10, 10], not about 1/2): here
     the 1 stays exact. A row of -inf gives zeros. Differentiable, with softmax's form of gradient.
 

@@ -2,7 +2,7 @@
 
     softmax_one(x)_i = exp(x_i) / (1 + sum_j exp(x_j))
 
-The seed (quiet-attention.md) subtracts the row maximum m first and then adds 1,
+The quiet-attention write-up subtracts the row maximum m first and then adds 1,
 which computes exp(x_i - m) / (1 + sum_j exp(x_j - m)) = exp(x_i) / (exp(m) + sum_j exp(x_j)):
 a different function whose weights can never all vanish (for x = [10, 10] it gives 1/3
 each instead of about 1/2). We keep the 1 exact. How softmax_one is computed (a compiled

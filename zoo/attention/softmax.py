@@ -1,6 +1,6 @@
-"""Multi-head softmax self-attention (sciformer.md), with a KV cache for decoding.
+"""Multi-head softmax self-attention (after SciFormer's write-up), with a KV cache for decoding.
 
-sciformer.md normalizes its weights with a sum "from j = 1 to k" (k, the token width)
+SciFormer's write-up normalizes its weights with a sum "from j = 1 to k" (k, the token width)
 and scales by the square root of the token width; the sum runs over the n tokens and
 the scale is the square root of the per-head width, as in "Attention Is All You Need".
 Its "trainable mask" is an additive bias over (query, key) positions, one per head:
@@ -98,13 +98,13 @@ class KVCache:
 
 
 class SoftmaxAttention(nn.Module):
-    """Multi-head scaled dot-product attention (sciformer.md), through PyTorch's fused SDPA kernels.
+    """Multi-head scaled dot-product attention (after SciFormer's write-up), through PyTorch's fused SDPA kernels.
 
     For each head h, with q, k, v the head's slices of W_qkv x and d = dim / heads:
 
         head_h = softmax(q k^T / sqrt(d) + B_h) v,    y = W_o concat_h(head_h)
 
-    B_h is the learned (query, key) bias when `learned_bias=True`, else 0. Fixed from sciformer.md: the
+    B_h is the learned (query, key) bias when `learned_bias=True`, else 0. Fixed from SciFormer's write-up: the
     softmax sums over the n tokens (it wrote j = 1..k, k the token width) and scales by the square root of
     the per-head width d, not of the token width.
 
@@ -131,7 +131,7 @@ class SoftmaxAttention(nn.Module):
         max_len: the longest sequence the learned bias covers, an int >= 1; needed with `learned_bias`,
             otherwise unused (default None).
         learned_bias: add a trainable bias per head over (query, key) positions, (heads, max_len, max_len),
-            started at zero (sciformer.md's "trainable mask"); default False.
+            started at zero (SciFormer's "trainable mask"); default False.
         positions: None (default: none, positions come from outside, e.g. the model's embedding), "rope"
             (rotary; needs an even head width) or "alibi" (linear biases).
         rope_base: RoPE's frequency base, a finite number > 1 (default 10000); used with positions="rope".

@@ -1,9 +1,12 @@
 """Zoo attention inside anyone's model: `swap(model, mechanism, **options)` replaces its attention modules.
 
-It replaces timm's ViT attention (timm.layers.Attention), PyTorch's nn.MultiheadAttention (the attention
-of nn.TransformerEncoderLayer and nn.TransformerDecoderLayer) and zoo's own token mixers, and returns the
-model. The new layer is called as the old one was: timm's `attn(x, attn_mask=..., is_causal=...)` goes
-straight to it (zoo's layers take both), and nn.MultiheadAttention's signature through MultiheadAdapter.
+It replaces timm's attention (timm.layers.Attention, EVA's EvaAttention, Swin's WindowAttention), PyTorch's
+nn.MultiheadAttention (the attention of nn.TransformerEncoderLayer and nn.TransformerDecoderLayer), zoo's own
+token mixers and, to micro, elita or incontext, transformers' self-attention modules (hf_swap.py), and returns
+the model. The adapters' state_dict keys are the replaced layers' where a weight is kept, so the original
+checkpoint loads into the swapped model. The new layer is called as the old one was: timm's
+`attn(x, attn_mask=..., is_causal=...)` goes straight to it (zoo's layers take both), and
+nn.MultiheadAttention's signature through MultiheadAdapter.
 
 softmax, quiet, clipped, gated and incontext share q, k, v and the output projection (`qkv`, `proj`, of
 the shapes timm's Attention has and nn.MultiheadAttention's in_proj / out_proj hold), so those weights are
@@ -17,6 +20,7 @@ from __future__ import annotations
 import difflib
 import logging
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +28,7 @@ from torch import nn
 from zoo.attention.clipped import ClippedSoftmaxAttention
 from zoo.attention.elita import ElitaAttention
 from zoo.attention.gated import GatedAttention
+from zoo.attention.hf_swap import is_transformers_attention, record_transformers_swap, transformers_replacement
 from zoo.attention.incontext import InContextAttention
 from zoo.attention.micro import MicroAttention
 from zoo.attention.quiet import QuietAttention
@@ -46,11 +51,43 @@ ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention, InContextAttenti
 QKV_MIXERS = (SoftmaxAttention, InContextAttention)  # those with timm's qkv and proj: their weights carry over
 
 
-class TimmAttention(nn.Module):
-    """A zoo layer in the place of timm's Attention: timm's calls go through, then timm's proj_drop.
+class _OwnKeys(nn.Module):
+    """An adapter whose state_dict keys are those of the layer it replaced: the inner zoo layer's keys without
+    the adapter's `attn.` (timm's `blocks.0.attn.qkv.weight` stays `blocks.0.attn.qkv.weight`), with
+    `renamed` for the parts that had other names there (nn.MultiheadAttention's in_proj_weight). So the
+    original checkpoint's kept weights load into the swapped model, and the swapped model's into the original."""
+
+    renamed: dict[str, str] = {}
+
+    def __init__(self):
+        super().__init__()
+        self.register_state_dict_post_hook(_outer_keys)
+        self.register_load_state_dict_pre_hook(_inner_keys)
+
+
+def _outer_keys(module: _OwnKeys, state: dict, prefix: str, local_metadata) -> None:
+    inner = f"{prefix}attn."
+    for key in [key for key in state if key.startswith(inner)]:
+        rest = key[len(inner):]
+        state[prefix + module.renamed.get(rest, rest)] = state.pop(key)
+
+
+def _inner_keys(module: _OwnKeys, state: dict, prefix: str, local_metadata, strict, missing_keys, unexpected_keys,
+                error_msgs) -> None:
+    for rest in module.attn.state_dict():  # the zoo layer's own keys ("qkv.weight"), from the model's names
+        outer = prefix + module.renamed.get(rest, rest)
+        if outer in state:
+            state[f"{prefix}attn.{rest}"] = state.pop(outer)
+
+
+class TimmAttention(_OwnKeys):
+    """A zoo layer in the place of timm's attention: timm's calls go through, then timm's proj_drop.
 
     `forward(x, attn_mask=None, is_causal=False)` takes x (batch, length, dim), as timm's Attention does,
-    and returns proj_drop(attn(x, attn_mask=attn_mask, is_causal=is_causal)), (batch, length, dim).
+    and returns proj_drop(attn(x, attn_mask=attn_mask, is_causal=is_causal)), (batch, length, dim). EVA's
+    `rope` is accepted and not applied (swap refuses an EVA that has one unless strict=False); Swin's window
+    `mask` (windows, N, N), additive, becomes a per-window attn_mask. Its state_dict keys are the replaced
+    layer's (`blocks.0.attn.qkv.weight`), not the nested zoo layer's.
 
     Args:
         attn: the zoo token mixer that replaces timm's attention (SoftmaxAttention and its kind,
@@ -63,7 +100,12 @@ class TimmAttention(nn.Module):
         super().__init__()
         self.attn, self.proj_drop = attn, proj_drop
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                rope: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        if mask is not None:  # Swin's shifted windows: batch-major (b, window), one (N, N) mask per window
+            if attn_mask is not None:
+                raise ValueError(f"{type(self).__name__} takes Swin's window mask or an attn_mask, not both")
+            attn_mask = mask.repeat(x.shape[0] // mask.shape[0], 1, 1)[:, None].to(x.dtype)
         return self.proj_drop(self.attn(x, attn_mask=attn_mask, is_causal=is_causal))
 
 
@@ -77,7 +119,7 @@ def _real_tokens(key_padding_mask: torch.Tensor, owner: str) -> torch.Tensor:
                      f"got dtype {key_padding_mask.dtype} with other values")
 
 
-class MultiheadAdapter(nn.Module):
+class MultiheadAdapter(_OwnKeys):
     """A zoo layer behind nn.MultiheadAttention's calling convention, for PyTorch's Transformer layers.
 
     `forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -94,6 +136,9 @@ class MultiheadAdapter(nn.Module):
             adapter's `embed_dim` and `num_heads`.
         batch_first: True if inputs are (batch, length, dim), as with nn.MultiheadAttention(batch_first=True);
             default False: (length, batch, dim).
+
+    Its state_dict keys are nn.MultiheadAttention's where a weight is kept (in_proj_weight, in_proj_bias,
+    out_proj.weight, out_proj.bias), so checkpoints of the original model load into the swapped one.
     """
 
     # nn.TransformerEncoderLayer reads these for its fused fast path, which would bypass this module:
@@ -101,6 +146,9 @@ class MultiheadAdapter(nn.Module):
     in_proj_weight = None
     in_proj_bias = None
     _qkv_same_embed_dim = True
+    # nn.MultiheadAttention's names for what zoo's layers call qkv and proj
+    renamed = {"qkv.weight": "in_proj_weight", "qkv.bias": "in_proj_bias", "proj.weight": "out_proj.weight",
+               "proj.bias": "out_proj.bias"}
 
     def __init__(self, attn: nn.Module, batch_first: bool = False):
         super().__init__()
@@ -144,16 +192,25 @@ class MultiheadAdapter(nn.Module):
         return (out if self.batch_first else out.transpose(0, 1)), None
 
 
+def _timm_classes() -> tuple[type, ...]:
+    """timm's plain multi-head self-attention classes: ViT's Attention, EVA's EvaAttention, Swin's
+    WindowAttention (whose relative position bias zoo's layers have no place for)."""
+    from timm.layers import Attention
+    from timm.models.eva import EvaAttention
+    from timm.models.swin_transformer import WindowAttention
+
+    return Attention, EvaAttention, WindowAttention
+
+
 def _sources(model: nn.Module) -> list[tuple[list[str], nn.Module]]:
     """The attention modules swap replaces, each with every qualified name it sits at ("" for the model itself):
     a module shared by two layers is one module at two places, and is swapped at both."""
-    from timm.layers import Attention as TimmVitAttention
-
     found: dict[int, tuple[list[str], nn.Module]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         if any(name.startswith(f"{outer}.") or outer == "" for names, _ in found.values() for outer in names):
             continue  # inside one already found (zoo's layer in an adapter is found by itself)
-        if type(module) is TimmVitAttention or isinstance(module, (nn.MultiheadAttention, *ZOO_MIXERS)):
+        if type(module) in _timm_classes() or is_transformers_attention(module) \
+                or isinstance(module, (nn.MultiheadAttention, *ZOO_MIXERS)):
             found.setdefault(id(module), ([], module))[0].append(name)
     return list(found.values())
 
@@ -184,22 +241,40 @@ def _shape(old: nn.Module, name: str, mechanism: str) -> tuple[dict, tuple | Non
         if old.add_zero_attn and mechanism != "quiet":  # a key and a value of zeros: exactly quiet attention
             lost.append("its key and value of zeros (add_zero_attn=True, which is quiet attention)")
         return args, (old.in_proj_weight, old.in_proj_bias, old.out_proj.weight, old.out_proj.bias), [], lost
-    dim = old.qkv.in_features  # timm's Attention
-    if old.qkv.out_features != 3 * dim or old.proj.in_features != dim or old.proj.out_features != dim:
-        raise ValueError(f"swap: {name or 'the model'} is a timm Attention of width {dim} with qkv "
-                         f"{old.qkv.out_features} and proj {old.proj.in_features} -> {old.proj.out_features} wide; "
+    dim = old.qkv.in_features if getattr(old, "qkv", None) is not None else old.q_proj.in_features  # timm's
+    heads = old.num_heads
+    if getattr(old, "qkv", None) is not None:
+        qkv_weight, qkv_bias = old.qkv.weight, old.qkv.bias
+        if getattr(old, "q_bias", None) is not None:  # EVA: the biases beside a bias-free qkv (k's is zero)
+            qkv_bias = torch.cat([old.q_bias, old.k_bias, old.v_bias])
+    else:  # EVA with qkv_fused=False
+        qkv_weight = torch.cat([old.q_proj.weight, old.k_proj.weight, old.v_proj.weight])
+        biases = [old.q_proj.bias, old.k_proj.bias, old.v_proj.bias]
+        qkv_bias = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(dim, dtype=qkv_weight.dtype, device=qkv_weight.device) if b is None else b for b in biases])
+    if qkv_weight.shape[0] != 3 * dim or old.proj.in_features != dim or old.proj.out_features != dim:
+        raise ValueError(f"swap: {name or 'the model'} is a timm {type(old).__name__} of width {dim} with q, k, v "
+                         f"{qkv_weight.shape[0]} and proj {old.proj.in_features} -> {old.proj.out_features} wide; "
                          f"zoo's layers need {3 * dim} and {dim} -> {dim}")
-    args = {"dim": dim, "heads": old.num_heads, "causal": False, "dropout": old.attn_drop.p,
-            "bias": old.qkv.bias is not None or old.proj.bias is not None}
+    args = {"dim": dim, "heads": heads, "causal": False, "dropout": old.attn_drop.p,
+            "bias": qkv_bias is not None or old.proj.bias is not None}
     lost = [f"its {part}" for part in ("q_norm", "k_norm", "norm")
             if getattr(old, part, None) is not None and not isinstance(getattr(old, part), nn.Identity)]
     lost += ["its gate"] if getattr(old, "gate", None) is not None else []
-    return args, (old.qkv.weight, old.qkv.bias, old.proj.weight, old.proj.bias), [], lost
+    if hasattr(old, "relative_position_bias_table"):
+        if mechanism in ("micro", "elita"):
+            raise ValueError(f"swap: {name or 'the model'} is timm's Swin {type(old).__name__}, whose shifted windows "
+                             f"need an attention mask that {mechanism} cannot apply; swap gives Swin softmax, quiet, "
+                             "clipped, gated or incontext")
+        lost.append("its relative position bias")
+    return args, (qkv_weight, qkv_bias, old.proj.weight, old.proj.bias), [], lost
 
 
 def _replacement(old: nn.Module, name: str, mechanism: str, options: dict
                  ) -> tuple[nn.Module, bool, list[str], list[str]]:
     """The module to put in old's place, whether it kept old's weights, notes for the log and what is lost."""
+    if is_transformers_attention(old):
+        return transformers_replacement(old, name, mechanism, options)
     args, weights, notes, lost = _shape(old, name, mechanism)
     cls = MIXERS[mechanism]
     if not issubclass(cls, QKV_MIXERS):
@@ -249,8 +324,11 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
     """Replace the attention modules of `model` by zoo's `mechanism`, keeping their weights where it can.
 
     Args:
-        model: a module holding timm ViT attention (timm.layers.Attention), nn.MultiheadAttention (as in
-            nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or one of them itself.
+        model: a module holding timm's attention (timm.layers.Attention as in its ViTs, EVA's EvaAttention,
+            Swin's WindowAttention), transformers' self-attention (GPT2Attention, LlamaAttention, MistralAttention,
+            Qwen2Attention, ViTAttention, ...; to micro, elita or incontext only, see zoo/attention/hf_swap.py),
+            nn.MultiheadAttention (as in nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or
+            one of them itself.
         mechanism: softmax, quiet, clipped, gated, micro, elita or incontext.
         strict: refuse, naming them, parts of an old layer that zoo's layers have no place for (timm's
             q_norm and k_norm, nn.MultiheadAttention's bias_k and bias_v, its add_zero_attn unless swapped to
@@ -265,7 +343,8 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
         Every new layer is built before any is put in, so a refusal leaves the model as it was. A module
         shared by several layers is replaced by one new module, shared at the same places. A zoo model
         (anything with `record_swap`, as zoo's families have) records the new mechanism in its config, so
-        that save_pretrained writes what the model now is.
+        that save_pretrained writes what the model now is; a transformers model records it in its config
+        (zoo_swap), and `load_swapped` loads what its save_pretrained wrote.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"swap expects a torch.nn.Module, got {type(model).__name__}")
@@ -278,8 +357,9 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
     sources = _sources(model)
     if not sources:
         raise ValueError(f"swap found no attention module in {type(model).__name__}: it replaces timm's "
-                         "Attention (timm.layers.Attention, as in timm's ViTs), nn.MultiheadAttention and zoo's "
-                         f"token mixers {list(MIXERS)}")
+                         "Attention, EvaAttention and Swin's WindowAttention, transformers' self-attention (GPT-2, "
+                         "Llama, Mistral, Qwen2, ViT, ...), nn.MultiheadAttention and zoo's token mixers "
+                         f"{list(MIXERS)}")
     cross = {f"{name}.multihead_attn".lstrip(".") for name, module in model.named_modules()
              if isinstance(module, nn.TransformerDecoderLayer)}
     strict = flag(strict, "strict", "swap")
@@ -287,6 +367,10 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
         raise ValueError(f"swap: {mechanism} cannot attend to another sequence, and {sorted(cross)[0]} is "
                          "cross-attention; cross-attention needs softmax, quiet, clipped or gated")
     built = [(names, old, *_replacement(old, names[0], mechanism, options)) for names, old in sources]
+    if any(getattr(module, "rope", None) is not None for module in model.modules() if type(module).__name__ == "Eva"):
+        for entry in built:  # EVA-02's rotary positions come from the model, into each attention's forward
+            if type(entry[1]).__name__ == "EvaAttention":
+                entry[-1].append("the EVA model's rotary positions (rope)")
     losses = [f"{names[0] or 'the model'}: {', '.join(lost)}" for names, _, _, _, _, lost in built if lost]
     if losses and strict:
         raise ValueError(f"swap to {mechanism} would drop what zoo's layers have no place for, changing the "
@@ -317,6 +401,8 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
             # its nested-tensor route hands the layers nested tensors, which only PyTorch's own attention takes
             module.use_nested_tensor = False
     swapped = [name for names, *_ in built for name in names]
+    if any(is_transformers_attention(old) for _, old, *_ in built):
+        record_transformers_swap(model, swapped, mechanism, options)
     for prefix, module in model.named_modules():
         if callable(getattr(module, "record_swap", None)):  # a zoo model: its config says what it now is
             inside = [name[len(prefix) + 1:] if prefix else name for name in swapped
@@ -324,3 +410,49 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
             if inside:
                 module.record_swap(inside, mechanism, options)
     return model
+
+
+def load_swapped(model_class, path, **kwargs) -> nn.Module:
+    """Load a folder that save_pretrained wrote from a model swapped to micro, elita or incontext.
+
+    The original class builds the model with its original attention implementation and loads the kept weights
+    by their own names; swap then puts the recorded mechanism back with the recorded options, and the
+    mechanism's own weights are read from the folder's safetensors files. Every weight of the swapped model
+    must be found there, or it is an error naming the first ones missing.
+
+    Args:
+        model_class: the transformers class to load with (e.g. GPT2LMHeadModel), as for from_pretrained.
+        path: the folder save_pretrained wrote.
+        **kwargs (Any): passed to model_class.from_pretrained (not attn_implementation: the recorded one is used).
+
+    Returns:
+        The swapped model, in evaluation mode as from_pretrained leaves it.
+    """
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    record = getattr(config, "zoo_swap", None)
+    if not record:
+        raise ValueError(f"load_swapped expects a folder saved from a swapped model (config.json with zoo_swap), "
+                         f"got {path}: load it with {getattr(model_class, '__name__', model_class)}.from_pretrained")
+    config._attn_implementation = record["attn_implementation"]
+    config.__dict__.pop("attn_implementation", None)
+    model = model_class.from_pretrained(path, config=config, **kwargs)
+    model = swap(model, record["mechanism"], strict=False, **record["options"])
+    saved = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        saved.update(load_file(str(file)))
+    own = model.state_dict()
+    missing = [key for key in own if key not in saved and key not in _tied(model)]
+    if missing:
+        raise ValueError(f"load_swapped: {path} lacks {len(missing)} weight(s) of the swapped model, e.g. "
+                         f"{missing[:3]}")
+    model.load_state_dict({key: value for key, value in saved.items() if key in own}, strict=False)
+    return model.eval()
+
+
+def _tied(model: nn.Module) -> set[str]:
+    """The keys save_pretrained leaves out because they are tied to another weight (lm_head to the embeddings)."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return set(tied) if isinstance(tied, dict) else set(tied)

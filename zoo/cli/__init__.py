@@ -57,7 +57,9 @@ def usage() -> str:
     return (f"usage: zoo COMMAND [options]   (zoo COMMAND --help for a command's options)\n\n"
             f"A PyTorch Lightning model zoo of lightweight attention mechanisms.\n\ncommands:\n{rows}\n\n"
             "options:\n  --version  print the version and exit\n"
-            "  --debug    show the traceback of an error (or set ZOO_DEBUG=1)\n")
+            "  --debug    show the traceback of an error (or set ZOO_DEBUG=1)\n"
+            "  --verbose  fit, validate, test, predict: also print Lightning's tips and start-up lines and the\n"
+            "             libraries' deprecation warnings, left out by default (or set ZOO_VERBOSE=1)\n")
 
 
 def version() -> str:

@@ -1,4 +1,5 @@
-"""`zoo fit | validate | test | predict`: Lightning's CLI with zoo's Trainer, recipes by name, one-line errors."""
+"""`zoo fit | validate | test | predict`: Lightning's CLI with zoo's Trainer, recipes by name, one-line errors, and
+output kept to what the user needs (zoo/utils/quiet.py; `--verbose` or ZOO_VERBOSE=1 for all of it)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,37 @@ def resolve_configs(args: list[str]) -> list[str]:
     return out
 
 
+VERBOSE_FLAG = "--verbose"
+VERBOSE_HELP = ("zoo's own option: --verbose (or ZOO_VERBOSE=1) also prints what zoo leaves out by default: "
+                "Lightning's tips and start-up lines that repeat or say nothing, and the deprecation warnings "
+                "libraries raise about each other (zoo/utils/quiet.py lists them)")
+
+
+def split_verbose(args: list[str]) -> tuple[list[str], bool]:
+    """`args` without zoo's `--verbose` (Lightning's parser does not know it, and it must not reach the saved
+    config.yaml), and whether it was there."""
+    kept = [a for a in args if a != VERBOSE_FLAG]
+    return kept, len(kept) != len(args)
+
+
+def shown(path: str) -> str:
+    """`path` as the user would type it: relative to the working folder when it lies under it."""
+    absolute = Path(path).absolute()
+    return str(absolute.relative_to(Path.cwd())) if absolute.is_relative_to(Path.cwd()) else str(path)
+
+
 def run_lightning(args: list[str], run: bool = True):
+    """`zoo fit | validate | test | predict ARGS` (`args` starts with the subcommand, as LightningCLI takes it):
+    the LightningCLI object, after the run unless `run` is false."""
+    from zoo.utils.quiet import quiet_output, verbose_requested
+
+    args, verbose = split_verbose(args)
+    # the whole command, Lightning's import included: importing it already warns (torch on torchao's enums)
+    with quiet_output(not verbose_requested(verbose)):
+        return _lightning_cli(args, run)
+
+
+def _lightning_cli(args: list[str], run: bool):
     import warnings
 
     import lightning as L
@@ -55,6 +86,22 @@ def run_lightning(args: list[str], run: bool = True):
                                  "checkpoint.save_last": True, "checkpoint.filename": "best"})
             parser.add_lightning_class_args(ExportRelease, "export")
             parser.set_defaults({"export.command": command})
+
+        def after_fit(self):
+            # where the run went: Lightning's own output never says, and `--ckpt_path`, `zoo export` and
+            # TensorBoard need it
+            trainer = self.trainer
+            callback = trainer.checkpoint_callback
+            if not trainer.is_global_zero or callback is None or not callback.dirpath:
+                return
+            best = callback.best_model_path
+            score = callback.best_model_score
+            said = f" ({callback.monitor} {float(score):.4g})" if best and score is not None else ""
+            where = f"best {shown(best)}{said}" if best else f"in {shown(callback.dirpath)}"
+            if callback.last_model_path:
+                where += f", last {shown(callback.last_model_path)}"
+            logs = f"; logs in {trainer.log_dir}" if trainer.loggers and trainer.log_dir else ""
+            print(f"checkpoints: {where}{logs}")
 
         def before_fit(self):
             # the run's checkpoint folder and logger version, claimed before the loggers make their folders:
@@ -108,11 +155,12 @@ def run_lightning(args: list[str], run: bool = True):
     # `args` is always given (it is sys.argv's own tail, or a test's list): Lightning's warning about
     # giving both is noise here
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    subcommand_kwargs = {**no_exit, "epilog": VERBOSE_HELP}
     return ZooCLI(
         L.LightningModule, L.LightningDataModule, trainer_class=Trainer,
         subclass_mode_model=True, subclass_mode_data=True,
         args=resolve_configs(args),
-        parser_kwargs={**no_exit, **{name: dict(no_exit) for name in ("fit", "validate", "test", "predict")}},
+        parser_kwargs={**no_exit, **{name: dict(subcommand_kwargs) for name in ("fit", "validate", "test", "predict")}},
         trainer_defaults={"default_root_dir": "runs"},
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,

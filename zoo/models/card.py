@@ -51,7 +51,7 @@ TARGET = re.compile(r"^\s*(\S+)\s*(>=|<=)\s*([0-9.eE+-]+)\s*(?:\((.*)\))?\s*$")
 
 
 def parse_target(target: str) -> tuple[str, str, float, str]:
-    """ "test/acc >= 0.99 (issue 5)" -> ("test/acc", ">=", 0.99, "issue 5")."""
+    """ "test/acc >= 0.99 (MNIST baselines)" -> ("test/acc", ">=", 0.99, "MNIST baselines")."""
     match = TARGET.match(target)
     if not match:
         raise ValueError(f"export.target must read 'METRIC >= VALUE (source)' or 'METRIC <= VALUE', got {target!r}")
@@ -84,8 +84,17 @@ def _selection(training: dict) -> str:
 def _usage(name: str, config: dict) -> str:
     if _family(config) == "text":
         return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("ROMEO:", max_new_tokens=200, seed=0))'
-    return (f'import zoo\nmodel = zoo.load("{name}")\n'
-            'print(model.classify(image))  # a PIL image, array or tensor; returns [(label, probability)]')
+    shape = ", ".join(map(str, _input_shape(config)))
+    return (f'import torch, zoo\nmodel = zoo.load("{name}")\n'
+            f'x = torch.rand({shape})  # stands for your input: an image file, a PIL image, an array or a tensor\n'
+            'print(model.classify(x))  # [(label, probability), ...], most probable first')
+
+
+def _input_shape(config: dict) -> list[int]:
+    """(channels, *size) of one input of the model's data: (C, L) signals, (C, H, W) images, (C, D, H, W) volumes."""
+    args = config["args"]
+    size = args.get("input_size") or [args.get("img_size")] * 2
+    return [args.get("in_chans", 1), *(size if isinstance(size, list) else [size] * 2)]
 
 
 def _limitations(config: dict, data: dict) -> list[str]:
@@ -98,7 +107,7 @@ def _limitations(config: dict, data: dict) -> list[str]:
         return [f"- A {'byte-level BPE' if bpe else 'character-level'} model trained for minutes on {name}: its text "
                 "imitates the style and misspells freely; it knows nothing beyond that text and is meant for research "
                 "on attention, not for use.", vocabulary, *([_one_run(config)] if config.get("leaderboard") else [])]
-    shape = [config["args"].get("in_chans", 1), *config["args"].get("input_size", [config["args"].get("img_size")] * 2)]
+    shape = _input_shape(config)
     return [f"- Trained and evaluated only on {name}: it expects inputs shaped like that data "
             f"({' x '.join(map(str, shape))}); `model.preprocess` resizes and normalizes, but inputs from "
             "another distribution are out of scope.",

@@ -1,4 +1,4 @@
-"""The FusedAttention network (fused-attention.md): N-dimensional inputs pooled by fused attention.
+"""The FusedAttention network (after the FusedAttention write-up): N-dimensional inputs pooled by fused attention.
 
 Two input forms, as in the write-up:
 - one tensor (B, C, W1, ..., Wn) for any n >= 1, cut into patches with a window per

@@ -1,4 +1,4 @@
-"""ImageTransformer: a ViT-style classifier (sciformer.md's image transformer), with timm's model API.
+"""ImageTransformer: a ViT-style classifier (after SciFormer's image transformer), with timm's model API.
 
 Patch embedding is a convolution with kernel = stride, so any number of input channels
 works; then a learned position embedding or a fixed 2-D sin-cos encoding, transformer
@@ -105,7 +105,7 @@ class ImageTransformer(TokenBackbone, Classifier, Releasable, nn.Module):
             cosine) or "none". Whatever the blocks' attentions, it is added once, at the input, and reaches every
             block through the residual stream; an incontext block adds its own positions, counted from the
             activations, on top of it (with pos_embed="none", those are the only positions).
-        learned_bias: give each block's attention a learned (query, key) bias per head (sciformer.md's trainable
+        learned_bias: give each block's attention a learned (query, key) bias per head (SciFormer's trainable
             mask); only where every block's attention is softmax, quiet, clipped or gated, and not with
             dynamic_img_size. Default False.
         global_pool: how the tokens become one vector: "token" (default; a class token), "avg" (their mean) or
@@ -277,10 +277,10 @@ for attention, prefix in (("softmax", "vit"), ("quiet", "quiet-vit"), ("micro", 
     for size, dims in (("tiny", TINY), ("small", SMALL)):
         register(f"{prefix}-{size}", "image", ImageTransformer, default_tag="mnist", attention=attention, **dims)
 register("fused-pool-vit-tiny", "image", ImageTransformer, global_pool="fused", **TINY)
-# the controls of Bondarenko et al. 2023 for the outlier study (issue 13): clipped softmax and gated attention
+# the controls of Bondarenko et al. 2023 for the outlier study: clipped softmax and gated attention
 for attention in ("clipped", "gated"):
     register(f"{attention}-vit-tiny", "image", ImageTransformer, attention=attention, **TINY)
-# Issue 25: one softmax block among micro ones, and the in-context attention. The softmax block is the last, as
+# The image hybrid: one softmax block among micro ones, and the in-context attention. The softmax block is the last, as
 # in the text hybrids (zoo/models/text_transformer.py says what was measured); for MNIST it is untested.
 HYBRID_SOFTMAX_BLOCK = 3
 HYBRID_MICRO = ["softmax" if i == HYBRID_SOFTMAX_BLOCK else "micro" for i in range(TINY["depth"])]

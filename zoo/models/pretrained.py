@@ -36,6 +36,9 @@ from zoo.models.release_files import (
 )
 from zoo.utils.atomic import read_folder, replace_folder, write_text_atomic
 
+# transformers' AutoConfig dispatches on config.json's "model_type": zoo's text releases load there as ZooTextConfig
+# (zoo/release/transformers_models.py); zoo.load reads the key past, as it does every key but its own
+MODEL_TYPES = {"TextTransformer": "zoo_text"}
 SOURCES = ("a registered model (`zoo models`), or a checkpoint to start from: a shipped name.tag (`zoo models "
            "--pretrained`), a release folder or hf-hub:org/repo")
 
@@ -136,6 +139,8 @@ def _config_json(model: nn.Module, extra: dict | None) -> dict:
         "model_name": getattr(model, "model_name", None),
         "args": model.config,
     }
+    if type(model).__name__ in MODEL_TYPES:
+        config["model_type"] = MODEL_TYPES[type(model).__name__]
     if getattr(model, "base_model", None):  # fine-tuned from this checkpoint (zoo/training/source.py)
         config["base_model"] = model.base_model
     e = _entries().get(config["model_name"])

@@ -96,7 +96,7 @@ def _parameter_count(folder: Path) -> int:
 
 
 def _bench_plots(name: str, data: dict) -> list[str]:
-    """The plots the issue asks of each benchmark file, from its rows."""
+    """The plots drawn for each benchmark file, from its rows."""
     from zoo.viz import figures
 
     plots = []

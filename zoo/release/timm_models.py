@@ -9,7 +9,7 @@ another class count) and wraps the model for `features_only=True`. Each checkpoi
 config describes exactly how its inputs were prepared in training (zoo's `data_cfg`):
 its size, mean and std, and crop_pct=1.0, as no crop was used.
 
-This module imports timm; `zoo/_timm_hook.py` imports it once timm itself is imported.
+This module imports timm; `zoo/release/timm_hook.py` imports it once timm itself is imported.
 """
 
 from __future__ import annotations

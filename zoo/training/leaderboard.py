@@ -1,4 +1,4 @@
-"""The leaderboard: several models trained with the same recipe and budget, several seeds each (issues 13 and 23).
+"""The leaderboard: several models trained with the same recipe and budget, several seeds each.
 
     zoo leaderboard --recipe quickstart --models vit-tiny,micro-vit-tiny --seeds 3
 

@@ -1,6 +1,6 @@
 """Track activation outliers while a model trains: kurtosis and max |x| every N steps.
 
-Outliers of the kind quiet-attention.md and Bondarenko et al. 2023 describe grow during
+Outliers of the kind the quiet-attention write-up and Bondarenko et al. 2023 describe grow during
 training, so a value at the end says less than its curve. Switched on from a recipe:
 
     trainer:

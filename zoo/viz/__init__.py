@@ -1,4 +1,4 @@
-"""Pictures of what the models hold and what their attention does (sciformer.md's weight visualizations).
+"""Pictures of what the models hold and what their attention does (after SciFormer's weight visualizations).
 
     from zoo.viz import capture, pictures
     with capture(model) as maps:          # attention weights, recomputed only inside the context

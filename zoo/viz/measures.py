@@ -53,7 +53,7 @@ def position_similarity(table: torch.Tensor) -> torch.Tensor:
 
 
 def learned_bias(model: nn.Module) -> torch.Tensor:
-    """sciformer.md's trainable mask of every layer, (layers, heads, L, L)."""
+    """SciFormer's trainable mask of every layer, (layers, heads, L, L)."""
     biases = [m.attn_bias.detach().float() for m in model.modules() if getattr(m, "attn_bias", None) is not None]
     if not biases:
         raise ValueError(f"{_name(model)} has no learned attention mask: build it with learned_bias=True "

@@ -1,0 +1,76 @@
+"""`zoo fit` prints what its user needs (progress, metrics, where the run went) and none of the noise around it:
+Lightning's advertising tip, start-up lines that say nothing or repeat another, warnings libraries raise about
+each other. `--verbose` or ZOO_VERBOSE=1 prints all of it again (zoo/utils/quiet.py)."""
+
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# seconds, not minutes: two training batches, one of validation, one of test, the release exported
+TINY = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.limit_test_batches", "1", "--trainer.log_every_n_steps", "1"]
+RELEASE = "runs/quickstart/micro-vit-tiny.digits"  # the quickstart recipe's export.dirpath
+# a warning as Python prints it (path:line: Category: message), or as Lightning prints its own (path:line: message)
+WARNING_LINE = re.compile(r"\.py:\d+: ")
+
+
+def fit(tmp_path: Path, *extra: str, env: dict | None = None) -> str:
+    """stdout and stderr of `zoo fit --config quickstart` with a tiny budget, run as a user runs it: in a folder
+    of their own, with a home of their own (no cache or setting of this machine's user changes what it says)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    # the checkout under test, whatever an installed zoo would be
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "HOME": str(home), "PYTHONPATH": path, "ZOO_VERBOSE": "", **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "zoo.cli", "fit", "--config", "quickstart", *TINY, *extra],
+                          cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return output
+
+
+def test_fit_prints_progress_metrics_and_where_things_went_and_no_noise(tmp_path):
+    output = fit(tmp_path)
+    assert "litlogger" not in output and "Tip:" not in output, output
+    assert "Warning" not in output and "deprecated" not in output.lower(), output
+    assert not [line for line in output.splitlines() if WARNING_LINE.search(line)], output
+    # start-up lines that say nothing (no TPU here) or say again what zoo's precision line said
+    assert "TPU available" not in output and "Automatic Mixed Precision" not in output, output
+    assert "estimate number of stepping batches" not in output, output
+    lines = Counter(line.strip() for line in output.splitlines() if line.strip())
+    assert not [line for line, count in lines.items() if count > 1], output
+    # what the user needs: the metrics, where the release, the checkpoints and the logs went, why fit stopped
+    assert f"exported {RELEASE} with {{'test/acc': " in output, output
+    assert re.search(r"^checkpoints: best runs/checkpoints/\S+/best\.ckpt \(val/loss [\d.]+\), last \S+last\.ckpt; "
+                     r"logs in runs/lightning_logs/version_0$", output, re.M), output
+    assert "`Trainer.fit` stopped" in output and "precision auto ->" in output, output
+    assert (tmp_path / RELEASE / "README.md").is_file()
+
+
+@pytest.mark.parametrize("how", ["--verbose", "ZOO_VERBOSE=1"])
+def test_verbose_prints_what_fit_leaves_out(tmp_path, how):
+    extra, env = ([how], None) if how.startswith("--") else ([], dict([how.split("=")]))
+    output = fit(tmp_path, *extra, env=env)
+    assert "litlogger" in output and "TPU available: False" in output, output
+    assert "Loading `train_dataloader` to estimate number of stepping batches" in output, output
+    # the flag is zoo's, kept from Lightning's parser and from the config it saves beside the run
+    (saved,) = (tmp_path / "runs" / "lightning_logs").glob("version_*/config.yaml")
+    assert "verbose" not in yaml.safe_load(saved.read_text())
+
+
+def test_verbose_is_documented_in_both_helps(tmp_path):
+    from zoo.cli import usage
+
+    assert "--verbose" in usage() and "ZOO_VERBOSE=1" in usage()
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    helped = subprocess.run([sys.executable, "-m", "zoo.cli", "fit", "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"})
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "--verbose" in helped.stdout and "ZOO_VERBOSE=1" in helped.stdout, helped.stdout[-2000:]
