@@ -1053,6 +1053,7 @@ def test_capability_pages_tables_are_the_jsons(name):
     assert capabilities.fill_pages(pages, tables, out.stem) == pages, f"run: {command}"
 
 
+@pytest.mark.bench
 def test_fill_pages_puts_each_table_on_the_page_that_holds_its_marker(tmp_path):
     """A JSON's tables live on several pages: each goes where its marker is, a page without markers is left as
     it was, and a table no page has a marker for is named with the pages looked in."""

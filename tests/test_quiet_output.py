@@ -74,3 +74,30 @@ def test_verbose_is_documented_in_both_helps(tmp_path):
                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"})
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "--verbose" in helped.stdout and "ZOO_VERBOSE=1" in helped.stdout, helped.stdout[-2000:]
+
+
+def test_commands_that_do_not_train_leave_out_libraries_deprecations_too(tmp_path):
+    """`zoo evaluate` (as every command but the Lightning ones) prints its answer, without the deprecations that
+    libraries log or warn about each other (torch's pytree on torchao's enums, where torchao is installed);
+    ZOO_VERBOSE=1 lets them through."""
+    import importlib.util
+
+    (tmp_path / "romeo.txt").write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+    def evaluate(verbose: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "zoo.cli", "evaluate", "gpt-tiny.shakespeare", "romeo.txt"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HOME": str(home), "PYTHONPATH": path, "ZOO_VERBOSE": verbose})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    quiet = evaluate("")
+    assert "deprecated" not in quiet.lower() and not WARNING_LINE.search(quiet), quiet
+    assert re.fullmatch(r"gpt-tiny\.shakespeare on romeo\.txt \(.*\): loss [\d.]+, perplexity [\d.]+, "
+                        r"bits per byte [\d.]+\n", quiet), quiet
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("torchao is not installed: no library deprecation to let through")
+    assert "deprecated" in evaluate("1").lower()

@@ -117,10 +117,15 @@ def _run(argv: list[str] | None) -> None:
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise SystemExit(f"zoo: error: unknown command {command!r}{hint} (zoo --help lists them)")
     from zoo.cli.errors import expected_errors, one_line
+    from zoo.utils.quiet import quiet_deprecations, verbose_requested
 
     try:
         module, function = COMMANDS[command]
-        getattr(importlib.import_module(module), function)(argv if command in LIGHTNING else argv[1:])
+        if command in LIGHTNING:  # quiet as its own --verbose says (zoo/cli/lightning.py)
+            getattr(importlib.import_module(module), function)(argv)
+        else:
+            with quiet_deprecations(not verbose_requested()):
+                getattr(importlib.import_module(module), function)(argv[1:])
     except KeyboardInterrupt:
         raise SystemExit(f"zoo {command}: interrupted") from None
     except Exception as error:

@@ -86,3 +86,23 @@ def quiet_output(enabled: bool = True) -> Iterator[None]:
     finally:
         for logger, line_filter in filters:
             logger.removeFilter(line_filter)
+
+
+@contextlib.contextmanager
+def quiet_deprecations(enabled: bool = True) -> Iterator[None]:
+    """For the commands that do not train (evaluate, generate, export, ...): leave out only the deprecations that
+    libraries raise about each other, by warning or through logging, and import nothing to do it."""
+    if not enabled:
+        yield
+        return
+    filters = [(logging.getLogger(name), _Deprecations()) for name in DEPRECATION_LOGGERS]
+    for logger, line_filter in filters:
+        logger.addFilter(line_filter)
+    try:
+        with warnings.catch_warnings():
+            for category in DEPRECATIONS:
+                warnings.filterwarnings("ignore", category=category, module=NOT_ZOO)
+            yield
+    finally:
+        for logger, line_filter in filters:
+            logger.removeFilter(line_filter)
