@@ -205,11 +205,24 @@ class SoftmaxOneLayer(torch.nn.Module):
 # 20-50 s on an empty cache (every model goes through it, forward and backward, in the slow set), and each graph it
 # compiles costs a C++ build, so one stack rather than four layers (on an empty cache 45 s as one stack, 60 s one
 # layer at a time), and by default its inference graph only (16 s; the training step's joint graph adds 27 s)
+class PaddedInContext(torch.nn.Module):
+    """In-context attention with a padding mask (every token real): the route through zoo::incontext_bias, which
+    padding takes; without one the layer takes zoo::incontext_attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = zoo.attention.InContextAttention(32, 2, causal=True)
+
+    def forward(self, x):
+        return self.layer(x, key_padding_mask=torch.ones(x.shape[:2], dtype=torch.bool, device=x.device))
+
+
 OPERATOR_LAYERS = {
     "softmax_one": lambda: SoftmaxOneLayer(32),
     "micro_scan": lambda: zoo.attention.MicroAttention(32, 2, causal=True),
     "elita_scan": lambda: zoo.attention.ElitaAttention(32, 2),
-    "incontext_bias": lambda: zoo.attention.InContextAttention(32, 2, causal=True),
+    "incontext_bias": PaddedInContext,
+    "incontext_attention": lambda: zoo.attention.InContextAttention(32, 2, causal=True),
 }
 
 

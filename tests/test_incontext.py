@@ -3,7 +3,9 @@
 The reference loops over batch, head, query and key, sums the gates between key and query one by one and
 interpolates the query's table by hand: nothing is shared with the layer but its parameters. Beside it:
 a 3-token example computed by hand, step-by-step decoding against the parallel forward, bf16, bad input,
-gradients, and a task that only a position-aware layer can learn.
+gradients, and a task that only a position-aware layer can learn. The layer's three routes (the fused kernel with
+the bias inside the attention, the compiled bias mask, the eager bias mask) are each held to the reference and to
+one another, forward and backward.
 """
 
 import copy
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 import zoo.attention as A
-from zoo.attention import InContextAttention, InContextState, native
+from zoo.attention import InContextAttention, InContextState, incontext_kernel, native
 
 
 def reference(layer, x, key_padding_mask=None, causal=None, extra=None):
@@ -296,14 +298,19 @@ def test_the_compiled_bias_matches_the_float64_reference(causal, padded, gate_bi
 
 
 def test_the_step_profile_names_the_bias_kernels_forward_and_backward():
-    """bench/incontext_bias.py --profile labels the forward kernel, which torch.profiler files under its autograd
-    wrapper's name: if PyTorch renames that, the label would silently vanish from the table."""
+    """bench/incontext_bias.py --profile labels the forward kernels, which torch.profiler files under their autograd
+    wrappers' names: if PyTorch renames that, the label would silently vanish from the table. The fused kernel
+    (incontext_kernel.py) runs the step; the bias-mask route runs it as "incontext-gpt-tiny (bias mask)"."""
     needs_kernels()
+    needs_fused()
     from bench import incontext_bias
 
     rows = incontext_bias.profile("tiny", 2, 16, top=100)
-    ops = {m: {r["operator"] for r in rows if r["model"] == m} for m in ("gpt-tiny", "incontext-gpt-tiny")}
-    assert {"zoo::incontext_bias (the forward)", "zoo::incontext_bias_backward"} <= ops["incontext-gpt-tiny"]
+    models = ("gpt-tiny", "incontext-gpt-tiny", "incontext-gpt-tiny (bias mask)")
+    ops = {m: {r["operator"] for r in rows if r["model"] == m} for m in models}
+    assert {"zoo::incontext_bias (the forward)", "zoo::incontext_bias_backward"} <= ops[models[2]]
+    assert {"zoo::incontext_attention (the forward)", "zoo::incontext_attention_backward"} <= ops[models[1]]
+    assert not any("incontext_bias" in op for op in ops[models[1]])
     assert not any("incontext" in op for op in ops["gpt-tiny"])
     for model in ops:  # the largest first, each a share of the step
         shares = [r["share"] for r in rows if r["model"] == model]
@@ -423,6 +430,174 @@ def test_the_compiled_bias_decodes_as_the_eager_route():
         eager = [out, layer.step(x[:, 4:], state)[0]]
     for got, want in zip(fast, eager):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# ---- the fused kernel (csrc/incontext_attention.cpp): the bias inside the attention, never L x L ----------
+
+
+def needs_fused():
+    if incontext_kernel.load() is None:
+        pytest.skip("the fused in-context attention kernel could not be built here")
+
+
+def fused_calls(monkeypatch) -> list:
+    """A list that grows by one at each call of the fused operator."""
+    calls = []
+    real = incontext_kernel.incontext_attention
+    monkeypatch.setattr(incontext_kernel, "incontext_attention", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("gate_bias", [0.0, 3.0])  # 3: most counts lie beyond the table's last entry
+@pytest.mark.parametrize("heads", [1, 3])
+def test_the_fused_kernel_matches_the_float64_reference(gate_bias, heads, causal, monkeypatch):
+    """A float32 layer with no padding takes the fused kernel; forward and every gradient (input, q, k, v
+    through W_qkv, the gates' and the tables' weights) against the float64 layer, whose route the loop reference
+    above holds (test_matches_float64_reference), and its forward against the loop reference itself."""
+    needs_fused()
+    calls = fused_calls(monkeypatch)
+    layer64 = make(heads=heads, causal=causal)
+    with torch.no_grad():
+        layer64.gate.bias.fill_(gate_bias)
+    x = torch.randn(3, 7, 12, dtype=torch.float64)
+    expected, _ = reference(layer64, x)
+    layer32 = copy.deepcopy(layer64).float()
+    got = layer32(x.float())
+    assert calls, "the fused kernel did not run"
+    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=1e-5)
+    target = torch.randn(3, 7, 12, dtype=torch.float64)
+    grads = []
+    for layer, dtype in ((layer64, torch.float64), (layer32, torch.float32)):
+        inputs = x.detach().to(dtype).clone().requires_grad_()
+        ((layer(inputs) - target.to(dtype)) ** 2).sum().backward()
+        grads.append([inputs.grad] + [p.grad for p in layer.parameters()])
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert layer32.gate.weight.grad.abs().max() > 1e-3 or gate_bias  # the counts carry a gradient
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("length,num_positions", [(150, 64), (150, 5), (300, 1), (70, 200)])
+def test_the_fused_kernel_equals_the_bias_mask_route_on_long_rows(length, num_positions, causal, monkeypatch):
+    """Rows longer than the kernel's blocks (64 queries, 128 keys) and vectors, tables short enough that whole
+    vectors of keys lie beyond them (their shortcut) and long enough that none do: forward and gradients against
+    the bias-mask route (csrc/incontext_bias.cpp and SDPA) in float32."""
+    needs_fused()
+    calls = fused_calls(monkeypatch)
+    layer = make(dim=16, heads=2, causal=causal, num_positions=num_positions, dtype=torch.float32)
+    x = torch.randn(2, length, 16)
+    target = torch.randn(2, length, 16)
+
+    def run():
+        inputs = x.clone().requires_grad_()
+        layer.zero_grad()
+        y = layer(inputs)
+        ((y - target) ** 2).sum().backward()
+        return [y, inputs.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    fused = run()
+    assert calls
+    with incontext_kernel.disabled():
+        mask_route = run()
+    assert len(calls) == 1
+    for got, want in zip(fused, mask_route):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_fused_kernel_gradients_are_the_derivatives(causal):
+    """gradcheck of the operator itself in float32 is too coarse: its backward against autograd through the same
+    formula in float64 on inputs whose counts cross integers, the table's end and 0 (a padded token's gate)."""
+    needs_fused()
+    torch.manual_seed(0)
+    b, h, n, d, p = 2, 2, 140, 8, 6
+    gates = torch.rand(b, h, n, dtype=torch.float64) * 2
+    gates[0, 1, 10] = 0
+    ends = gates.cumsum(-1)
+    inputs = [torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3)] + [ends, ends - gates,
+                                                                                torch.randn(b, h, n, p).double()]
+    inputs64 = [t.clone().requires_grad_() for t in inputs]
+    inputs32 = [t.float().requires_grad_() for t in inputs]
+    q, k, v, c, s, t = inputs64
+    counts = c[..., :, None] - s[..., None, :]  # c_i - c_{j-1}; a later key's, c_j - c_{i-1}, is its transpose
+    later = torch.ones(n, n, dtype=torch.bool).triu(1)
+    counts = torch.where(later, counts.mT, counts).clamp(0, p - 1)
+    low = counts.detach().floor().long()
+    high = (low + 1).clamp(max=p - 1)
+    weight = counts - low
+    logits = q @ k.mT / d**0.5 + t.gather(-1, low) * (1 - weight) + t.gather(-1, high) * weight
+    logits = logits.masked_fill(later, -math.inf) if causal else logits
+    want = logits.softmax(-1) @ v
+    upstream = torch.randn_like(want)
+    want.backward(upstream)
+    got, lse = incontext_kernel.incontext_attention(*inputs32, d**-0.5, causal)
+    got.backward(upstream.float())
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse.double(), logits.logsumexp(-1), atol=1e-4, rtol=1e-5)
+    for name, a, w in zip("q k v ends starts tables".split(), inputs32, inputs64):
+        torch.testing.assert_close(a.grad.double(), w.grad, atol=1e-3, rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_fused_operator_passes_opcheck(causal):
+    needs_fused()
+    torch.manual_seed(0)
+    gates = torch.rand(2, 2, 20)
+    ends = gates.cumsum(-1)
+    args = [torch.randn(2, 2, 20, 8) for _ in range(3)] + [ends, ends - gates, torch.randn(2, 2, 20, 5)]
+    torch.library.opcheck(incontext_kernel.incontext_attention,
+                          (*(a.requires_grad_() for a in args), 8**-0.5, causal))
+
+
+@pytest.mark.parametrize("kwargs", [{"key_padding_mask": MASK[:2]}, {"attn_mask": torch.ones(7, 7, dtype=torch.bool)},
+                                    {"dtype": torch.bfloat16}, {"dropout": 0.1}])
+def test_what_the_fused_kernel_does_not_take_goes_the_bias_mask_way(kwargs, monkeypatch):
+    needs_fused()
+    calls = fused_calls(monkeypatch)
+    kwargs = dict(kwargs)
+    mask, attn_mask = kwargs.pop("key_padding_mask", None), kwargs.pop("attn_mask", None)
+    dtype, dropout = kwargs.pop("dtype", torch.float32), kwargs.pop("dropout", 0.0)
+    layer = make(dim=12, heads=3, dtype=dtype, **kwargs)
+    layer.dropout = dropout
+    layer(torch.randn(2, 7, 12, dtype=dtype), mask, attn_mask=attn_mask)
+    assert not calls
+    with native.eager_routes():
+        make(dim=12, heads=3, dtype=torch.float32)(torch.randn(2, 7, 12))
+    assert not calls
+    layer.eval()
+    if dropout:  # dropout acts in training only
+        layer(torch.randn(2, 7, 12, dtype=dtype))
+        assert calls
+
+
+def test_the_fused_kernel_under_autocast_and_inference_mode(monkeypatch):
+    """bf16 autocast makes q, k, v bf16 from float32 tokens: the bias-mask route takes them; inference_mode runs the
+    fused operator without autograd."""
+    needs_fused()
+    calls = fused_calls(monkeypatch)
+    layer = make(dim=16, heads=2, dtype=torch.float32)
+    x = torch.randn(2, 9, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert not calls and torch.isfinite(y).all()
+    with torch.inference_mode():
+        y = layer(x)
+    assert calls
+    with incontext_kernel.disabled(), torch.inference_mode():
+        torch.testing.assert_close(y, layer(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_fused_kernel_compiles_fullgraph_and_exports_as_one_operator():
+    needs_fused()
+    layer = make(dim=16, heads=2, dtype=torch.float32)
+    x = torch.randn(2, 9, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x), atol=1e-6, rtol=1e-6)
+    ops = {str(n.target) for n in torch.export.export(layer, (x,)).graph.nodes}
+    assert "zoo.incontext_attention.default" in ops and "zoo.incontext_bias.default" not in ops
 
 
 # ---- bad input -----------------------------------------------------------------------------------

@@ -24,12 +24,31 @@ wanted by some queries and not others, which a fixed position encoding cannot ma
 gates let a token (a separator, a word's last piece) count as a position while others do not. CoPE's
 gates sigmoid(q_i . k_t) depend on the query: an L x L gate matrix and a cumulative sum per query row.
 Ours depend on the token alone, so the positions cost one cumulative sum (O(L)) and decoding carries a
-running sum; the price is that every query counts the same tokens. The bias matrix itself is (L x L) per
-head, as CoPE's is, and goes into PyTorch's SDPA as a float attn_mask (dot_product.py).
+running sum; the price is that every query counts the same tokens. The bias is (L x L) per head, as CoPE's is,
+but it need not be stored: each entry is a difference of two running sums and a read of the query's table.
 
-On the CPU in float32 the bias comes from a compiled kernel (csrc/incontext_bias.cpp, see native.py) that
-writes it in one pass and reads its gradient in one; the eager route below (`_positions`, `_interpolate`)
-makes about thirty passes over (B, H, L, L) tensors between them and computes the same numbers.
+Three routes compute the same numbers, each held to the others and to a float64 loop by tests/test_incontext.py:
+
+- fused (incontext_kernel.py, csrc/incontext_attention.cpp): float32 on the CPU with no padding, attn_mask or
+  dropout, causal or not, i.e. a model's training step and forward. Flash attention's blocked online softmax with
+  the bias computed block by block from the O(L) sums and tables, forward and backward: no (L x L) tensor,
+  memory O(L). It is chosen wherever it runs, in `forward` below, because it was the faster at every length
+  measured (bench/incontext_bias.py, one thread, an AVX-512 CPU shared with another training run: the training
+  step of incontext-gpt-tiny against gpt-tiny's, 1.04x at 500 tokens and 1.05x at 512 against 2.4x on the bias
+  mask, 1.12x against 2.98x at 784, 1.00x against 5.05x at 4,096 with 100 MiB of peak memory against 2,176;
+  at 64 and 128 tokens the two are within the noise of a 5-round run, and 15 rounds gave 1.30x against 1.38x
+  at 64, 1.26x against 1.44x at 128; bench/results/incontext_bias.json has the latest figures).
+- bias mask, compiled (csrc/incontext_bias.cpp, see native.py): on the CPU elsewhere (half precision, whose
+  tables are float32; padding, attn_mask, dropout, decoding with `step`, `position_bias`): the bias written as an
+  (L x L) float attn_mask for PyTorch's SDPA (dot_product.py) in one pass, its gradient read in one; SDPA takes
+  its math kernel, since the mask needs a gradient.
+- bias mask, eager (`_positions`, `_interpolate`): everything else (float64, other devices, ONNX export,
+  `native.eager_routes()`): about thirty passes over (B, H, L, L) tensors.
+
+torch.compile and torch.export see the fused route as one operator, zoo::incontext_attention (with its backward);
+ONNX has no translation of it, so an ONNX export takes the eager bias mask (native._exporting_to_onnx). PyTorch's
+FlexAttention, a score_mod reading the sums and tables, would be the portable form of the fused route, but in
+torch 2.14 it has no backward on the CPU.
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import zoo.attention.incontext_kernel as incontext_kernel
 import zoo.attention.native as native
 from zoo.attention.dot_product import attend, autocast_off, check_attn_mask
 from zoo.utils.checks import (
@@ -242,9 +262,14 @@ class InContextAttention(nn.Module):
         attn_mask = check_attn_mask(attn_mask, x.shape[0], self.heads, n, n, x.device, owner)
         x = zero_padding(x, key_padding_mask)
         q, k, v = self._split_heads(x)
+        dropout_p = self.dropout if self.training else 0.0
+        if incontext_kernel.usable(q, key_padding_mask, attn_mask, dropout_p):
+            # the route chosen wherever it runs (the module's docstring has the figures): the bias inside the
+            # attention kernel, never an (L x L) tensor
+            out = incontext_kernel.attend_incontext(q, k, v, self._gates(x, None), self._tables(x), causal)
+            return self._merge_heads(out)
         bias = self._bias(x, key_padding_mask, causal)  # causal: the bias masks the later keys itself
-        out = attend(q, k, v, key_padding_mask=key_padding_mask, bias=bias,
-                     dropout_p=self.dropout if self.training else 0.0, attn_mask=attn_mask)
+        out = attend(q, k, v, key_padding_mask=key_padding_mask, bias=bias, dropout_p=dropout_p, attn_mask=attn_mask)
         return zero_padding(self._merge_heads(out), key_padding_mask)
 
     def step(self, x: torch.Tensor, state: InContextState | None = None,
