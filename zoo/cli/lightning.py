@@ -91,6 +91,8 @@ def _lightning_cli(args: list[str], run: bool):
             # where the run went: Lightning's own output never says, and `--ckpt_path`, `zoo export` and
             # TensorBoard need it
             trainer = self.trainer
+            # log_dir broadcasts rank 0's folder: a collective every rank must join, or DDP hangs at the end
+            log_dir = trainer.log_dir if trainer.loggers else None
             callback = trainer.checkpoint_callback
             if not trainer.is_global_zero or callback is None or not callback.dirpath:
                 return
@@ -100,7 +102,7 @@ def _lightning_cli(args: list[str], run: bool):
             where = f"best {shown(best)}{said}" if best else f"in {shown(callback.dirpath)}"
             if callback.last_model_path:
                 where += f", last {shown(callback.last_model_path)}"
-            logs = f"; logs in {trainer.log_dir}" if trainer.loggers and trainer.log_dir else ""
+            logs = f"; logs in {log_dir}" if log_dir else ""
             print(f"checkpoints: {where}{logs}")
 
         def before_fit(self):

@@ -73,7 +73,7 @@ def configure(module, lr: float, weight_decay: float, warmup_steps: int, layer_d
     if layer_decay is None:
         return optim.configure(module, lr, weight_decay, warmup_steps, betas)
     groups = layer_decay_groups(module.model, lr, weight_decay, layer_decay)
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas)
+    optimizer = optim.adamw(groups, lr, betas)
     total = module.trainer.estimated_stepping_batches
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: optim.warmup_cosine(step, min(warmup_steps, total // 2), total)

@@ -43,6 +43,9 @@ class LanguageModelTask(L.LightningModule):
             started afresh.
         layer_decay: layer-wise learning-rate decay, as in ClassificationTask; None for none.
         freeze_blocks: freeze the embedding and this many first blocks.
+        compile: run the training steps' forward and backward through torch.compile (the model is compiled at the
+            first step, which takes seconds to a minute; validation, sampling and the checkpoints use the model
+            itself, unchanged). Off by default: it pays where the steps outlast the compilation.
         model_config: the built model, saved in the hyperparameters (set by the task, not by hand).
     """
 
@@ -59,12 +62,16 @@ class LanguageModelTask(L.LightningModule):
         new_tokenizer: bool = False,
         layer_decay: float | None = None,
         freeze_blocks: int = 0,
+        compile: bool = False,
         model_config: dict | None = None,
     ):
         super().__init__()
         optim.check_hyperparameters(lr, weight_decay, warmup_steps)
         finetune.check_finetune(layer_decay, freeze_blocks)
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be true or false, got {compile!r}")
         self.save_hyperparameters()
+        self._compiled = None  # (the model, its compiled forward): a tuple, so not a submodule of the task
         overrides = dict(model_overrides or {})
         data_info = _model_arguments(data_info)
         self._fitted_to_data = model_config is not None or is_checkpoint(model_name)  # those keep their tokenizer
@@ -145,13 +152,22 @@ class LanguageModelTask(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def _loss(self, batch) -> torch.Tensor:
+    def _loss(self, batch, model=None) -> torch.Tensor:
         x, y = batch
-        logits = self(x)
+        logits = (self if model is None else model)(x)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
+    def _training_model(self):
+        """The model the training steps run: itself, or with compile its torch.compile'd forward (made again
+        where the model was rebuilt, by _fit_to_data or on_load_checkpoint)."""
+        if not self.hparams.get("compile"):
+            return None
+        if self._compiled is None or self._compiled[0] is not self.model:
+            self._compiled = (self.model, torch.compile(self.model))
+        return self._compiled[1]
+
     def training_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self._loss(batch, self._training_model())
         self.log("train/loss", loss, prog_bar=True)
         return loss
 

@@ -46,9 +46,30 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) ->
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def adamw(groups: list[dict], lr: float, betas=(0.9, 0.95)) -> torch.optim.AdamW:
+    """AdamW over `groups`, fused where every parameter is a real floating-point tensor on a device with the fused
+    kernel (the CPU and CUDA have it): one kernel per parameter in place of a dozen small operations each, the
+    same update to rounding, and on gpt-tiny's 0.8M parameters on a CPU about 2x faster: 2 ms of a 50-65 ms
+    training step (python bench/nanogpt.py --profile 200). Elsewhere the implementation PyTorch picks. The
+    choice is saved with the optimizer's state: a run resumed from a checkpoint of an unfused optimizer goes on
+    unfused."""
+    groups = [{**g, "params": list(g["params"])} for g in groups]
+    fused = all(p.device.type in _fused_devices() and torch.is_floating_point(p) for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
+
+
+def _fused_devices() -> tuple[str, ...]:
+    """The device types with PyTorch's fused optimizer kernels (its own list, where this PyTorch has one)."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return ("cpu", "cuda")
+    return tuple(_get_fused_kernels_supported_devices())
+
+
 def configure(module, lr: float, weight_decay: float, warmup_steps: int, betas=(0.9, 0.95)):
     """What a LightningModule's configure_optimizers returns, for `module.model`."""
-    optimizer = torch.optim.AdamW(parameter_groups(module.model, weight_decay), lr=lr, betas=betas)
+    optimizer = adamw(parameter_groups(module.model, weight_decay), lr, betas)
     total = module.trainer.estimated_stepping_batches
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, min(warmup_steps, total // 2), total)
