@@ -101,3 +101,22 @@ def test_commands_that_do_not_train_leave_out_libraries_deprecations_too(tmp_pat
     if importlib.util.find_spec("torchao") is None:
         pytest.skip("torchao is not installed: no library deprecation to let through")
     assert "deprecated" in evaluate("1").lower()
+
+
+def test_lightnings_csv_logger_notice_is_left_out_unless_verbose():
+    """Where TensorBoard is not installed (a fresh `pip install -e .`), Lightning says it logs to CSV and suggests
+    `pip install lightning[extra]`; a quiet run leaves that out, a verbose one keeps it. Raised here as Lightning
+    raises it (a UserWarning from its logger connector), since this environment has TensorBoard."""
+    import warnings
+
+    from zoo.utils.quiet import quiet_output
+
+    notice = ("Starting from v1.9.0, `tensorboardX` has been removed as a dependency of the `lightning.pytorch` "
+              "package, due to potential conflicts with other packages in the ML ecosystem.")
+    module = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector"
+    for quiet, expected in ((True, 0), (False, 1)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with quiet_output(quiet):
+                warnings.warn_explicit(notice, UserWarning, "logger_connector.py", 76, module=module)
+        assert len([w for w in caught if "tensorboardX" in str(w.message)]) == expected

@@ -12,7 +12,9 @@ metrics), Lightning's model summary, progress bar, metrics tables and the lines 
 - deprecation warnings raised outside zoo: one library telling another (Lightning on torch's API, say)
   about a change the user can do nothing about; zoo's own stay;
 - the same said through logging: torch's pytree on torchao's enums (importing Lightning imports both);
-- Lightning's warning that the model summary counts bf16 weights as 32-bit: the size it prints is an estimate.
+- Lightning's warning that the model summary counts bf16 weights as 32-bit: the size it prints is an estimate;
+- Lightning's notice, where TensorBoard is not installed, that it logs to CSV files and that `pip install
+  lightning[extra]` would add TensorBoard: the run's end line says where the logs went.
 
 Everything else, warnings included, is printed as always. The filters are Lightning's documented way of
 shaping its console output (its loggers, Python's warnings filters), held only while the command runs.
@@ -82,6 +84,7 @@ def quiet_output(enabled: bool = True) -> Iterator[None]:
             for category in DEPRECATIONS:
                 warnings.filterwarnings("ignore", category=category, module=NOT_ZOO)
             warnings.filterwarnings("ignore", message=r"Precision \S+ is not supported by the model summary")
+            warnings.filterwarnings("ignore", message=r"Starting from v1\.9\.0, `tensorboardX` has been removed")
             yield
     finally:
         for logger, line_filter in filters:
