@@ -63,6 +63,37 @@ class _Deprecations(logging.Filter):
         return "deprecated" not in record.getMessage()
 
 
+# warnings a training run leaves out beyond the deprecations (this module's docstring says why)
+TRAINING_WARNINGS = (r"Precision \S+ is not supported by the model summary",
+                     r"Starting from v1\.9\.0, `tensorboardX` has been removed")
+
+
+@contextlib.contextmanager
+def _leaving_out(filters: list, messages: tuple[str, ...] = (), before_warnings=None) -> Iterator[None]:
+    """Logging filters on their loggers, then (after `before_warnings()`) the warnings filters: library
+    deprecations and `messages`; all of it taken away again when the block ends."""
+    for logger, line_filter in filters:
+        logger.addFilter(line_filter)
+    try:
+        if before_warnings is not None:
+            before_warnings()
+        with warnings.catch_warnings():
+            for category in DEPRECATIONS:
+                warnings.filterwarnings("ignore", category=category, module=NOT_ZOO)
+            for message in messages:
+                warnings.filterwarnings("ignore", message=message)
+            yield
+    finally:
+        for logger, line_filter in filters:
+            logger.removeFilter(line_filter)
+
+
+def _import_lightning() -> None:
+    # Lightning puts its own filter for its deprecations first in line when it is imported: import it before
+    # ours are added, so that ours come first
+    import lightning.pytorch  # noqa: F401
+
+
 @contextlib.contextmanager
 def quiet_output(enabled: bool = True) -> Iterator[None]:
     """While it is open, leave out the lines and warnings listed in this module's docstring (nothing when
@@ -73,22 +104,8 @@ def quiet_output(enabled: bool = True) -> Iterator[None]:
     # a logger's filters apply to the records it makes itself: each library's own, set before it is imported
     filters = [(logging.getLogger(name), _QuietedLines()) for name in RANK_ZERO_LOGGERS] + \
               [(logging.getLogger(name), _Deprecations()) for name in DEPRECATION_LOGGERS]
-    for logger, line_filter in filters:
-        logger.addFilter(line_filter)
-    try:
-        # Lightning puts its own filter for its deprecations first in line when it is imported: import it
-        # before ours are added, so that ours come first
-        import lightning.pytorch  # noqa: F401
-
-        with warnings.catch_warnings():
-            for category in DEPRECATIONS:
-                warnings.filterwarnings("ignore", category=category, module=NOT_ZOO)
-            warnings.filterwarnings("ignore", message=r"Precision \S+ is not supported by the model summary")
-            warnings.filterwarnings("ignore", message=r"Starting from v1\.9\.0, `tensorboardX` has been removed")
-            yield
-    finally:
-        for logger, line_filter in filters:
-            logger.removeFilter(line_filter)
+    with _leaving_out(filters, TRAINING_WARNINGS, before_warnings=_import_lightning):
+        yield
 
 
 @contextlib.contextmanager
@@ -98,14 +115,5 @@ def quiet_deprecations(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    filters = [(logging.getLogger(name), _Deprecations()) for name in DEPRECATION_LOGGERS]
-    for logger, line_filter in filters:
-        logger.addFilter(line_filter)
-    try:
-        with warnings.catch_warnings():
-            for category in DEPRECATIONS:
-                warnings.filterwarnings("ignore", category=category, module=NOT_ZOO)
-            yield
-    finally:
-        for logger, line_filter in filters:
-            logger.removeFilter(line_filter)
+    with _leaving_out([(logging.getLogger(name), _Deprecations()) for name in DEPRECATION_LOGGERS]):
+        yield
