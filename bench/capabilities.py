@@ -75,7 +75,9 @@ DATA = Path(os.environ.get("ZOO_DATA", Path(__file__).resolve().parents[2] / "sh
 MODELS = ("gpt-tiny", "gpt-tiny:sincos", "gpt-tiny:rope", "gpt-tiny:alibi", "quiet-gpt-tiny", "micro-gpt-tiny",
           "micro-gpt-tiny:alibi", "elita-gpt-tiny", "elita-gpt-tiny:alibi", "incontext-gpt-tiny",
           "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny", "hybrid-micro-gpt-tiny:conv", "hybrid-elita-gpt-tiny:conv",
-          "hybrid-elita-gpt-tiny:conv1")
+          "hybrid-elita-gpt-tiny:conv1",
+          # the field's yardsticks: a sliding window of 64 tokens (rotary positions), GLA, Gated DeltaNet, Mamba-2's SSD
+          "window-gpt-tiny", "gla-gpt-tiny", "deltanet-gpt-tiny", "ssd-gpt-tiny")
 # the linear mechanisms' own fading history ("elita-gpt-tiny:alibi", "micro-gpt-tiny:alibi"): ELiTA drops its
 # sines for it, micro's mean has none to drop
 FADING = {"elita": {"positions": "alibi", "pos_dim": 0}, "micro": {"positions": "alibi"}}

@@ -33,6 +33,10 @@ BASELINE = "gpt-tiny"
 # (4 GiB a block at 16k tokens)
 MODELS = [BASELINE, "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-micro-gpt-tiny", "hybrid-elita-gpt-tiny",
           "hybrid-micro-conv-gpt-tiny", "hybrid-elita-conv-gpt-tiny", "hybrid-elita-conv1-gpt-tiny"]
+# the field's yardsticks (a sliding window, a cache of its last 63 tokens; GLA, DeltaNet, Mamba-2's SSD):
+#   python bench/hybrid_decode.py --models window-gpt-tiny gla-gpt-tiny deltanet-gpt-tiny ssd-gpt-tiny \
+#       --out yardstick_decode
+YARDSTICKS = ["window-gpt-tiny", "gla-gpt-tiny", "deltanet-gpt-tiny", "ssd-gpt-tiny"]
 CONTEXTS = [256, 1024, 4096, 16384]
 ROUNDS = 5
 
@@ -61,11 +65,15 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="contexts 256 and 1k only")
+    parser.add_argument("--models", nargs="+", default=MODELS[1:], help=f"beside {BASELINE} (default: the hybrids "
+                        "and the linear models)")
+    parser.add_argument("--out", default="hybrid_decode", help="bench/results/OUT.json")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the machine is shared; one thread also makes the timings comparable
     contexts = CONTEXTS[:2] if args.quick else CONTEXTS
     torch.manual_seed(0)
-    models = {name: zoo.create(name, context_length=max(contexts) + STEPS + 1).eval() for name in MODELS}
+    names = [BASELINE, *(m for m in args.models if m != BASELINE)]
+    models = {name: zoo.create(name, context_length=max(contexts) + STEPS + 1).eval() for name in names}
     rows = []
     with torch.inference_mode():  # as generate runs
         for n in contexts:
@@ -86,9 +94,11 @@ def main():
                 print(rows[-1], flush=True)
     print_table("decode ms per token after a context, and the state it keeps (1 thread, float32, batch 1)", rows,
                 ["model", "context", "ms_per_token", "speedup_vs_gpt", "state_MiB"])
-    path = write_json("hybrid_decode", {"command": "python bench/hybrid_decode.py" + (" --quick" if args.quick else ""),
-                                        "cpu_flags": cpu_flags(), "threads": 1, "steps": STEPS, "rounds": ROUNDS,
-                                        "baseline": BASELINE, "decode": rows})
+    command = " ".join(["python bench/hybrid_decode.py", *(["--quick"] if args.quick else []),
+                        *(["--models", *args.models] if args.models != MODELS[1:] else []),
+                        *(["--out", args.out] if args.out != "hybrid_decode" else [])])
+    path = write_json(args.out, {"command": command, "cpu_flags": cpu_flags(), "threads": 1, "steps": STEPS,
+                                 "rounds": ROUNDS, "baseline": BASELINE, "decode": rows})
     print(f"\nwrote {path}")
 
 

@@ -112,6 +112,10 @@ GROUPS = (
           "val/loss", False, data="text", extra=TRACK_OUTLIERS, notes="one softmax block among linear "
           "ones (with short convolutions in every block, in the first only, or none), and the in-context bias; "
           "the shakespeare group's recipe"),
+    Group("shakespeare-yardsticks", "shakespeare", ("window-gpt-tiny", "gla-gpt-tiny", "deltanet-gpt-tiny",
+                                                    "ssd-gpt-tiny"), (0, 1, 2), "val/loss", False, data="text",
+          extra=TRACK_OUTLIERS, ships=False, notes="the field's yardsticks: a sliding window of 64 tokens (the whole "
+          "context here), GLA, Gated DeltaNet and Mamba-2's SSD in every block; the shakespeare group's recipe"),
     Group("mnist-hybrids", "mnist", ("hybrid-micro-vit-tiny", "incontext-vit-tiny"), (0, 1, 2), "test/acc", True,
           0.99, "val/acc", notes="the image hybrid and the in-context bias on the MNIST recipe"),
 )

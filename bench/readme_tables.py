@@ -5,7 +5,7 @@
 
 Every cell comes from a file: the capability suite (bench/results/capabilities.json, the suite's 2-block forms at
 width 64), the attention layers' training step (bench/results/attention.json), decoding whole models
-(bench/results/hybrid_decode.json) and the shipped checkpoints themselves (checkpoints/NAME/config.json and the
+(bench/results/hybrid_decode.json, yardstick_decode.json) and the shipped checkpoints themselves (checkpoints/NAME/config.json and the
 tensor shapes in their model.safetensors). Each cell links to the docs page where its figure is explained.
 tests/test_readme_tables.py holds README.md to this script's output.
 """
@@ -99,6 +99,8 @@ def choosing_table() -> str:
     runs = json.loads((RESULTS / "capabilities.json").read_text())["runs"]
     attention = json.loads((RESULTS / "attention.json").read_text())
     decode = json.loads((RESULTS / "hybrid_decode.json").read_text())
+    if (RESULTS / "yardstick_decode.json").is_file():  # the yardsticks' run, each ratio within its own run
+        decode["decode"] += json.loads((RESULTS / "yardstick_decode.json").read_text())["decode"]
     heads = ["attention", "good at", *(f"{h} %" for _, _, h, _ in LOSES),
              *(f"training step at {n // 1024}k" for n in LENGTHS), *(f"decoding at {n // 1024}k" for n in LENGTHS),
              "best shipped checkpoint"]
@@ -120,8 +122,11 @@ def choosing_table() -> str:
         for n in LENGTHS:
             ratio = _decode_ratio(decode, whole, n) if whole else None
             cells.append(_cell(None if ratio is None else 1 / ratio, "models.md", "{:.2f}x"))
-        config = json.loads((CHECKPOINTS / checkpoint / "config.json").read_text())
-        cells.append(f"`{checkpoint}`: {_metric(config)}")
+        if checkpoint is None:
+            cells.append("none shipped")
+        else:
+            config = json.loads((CHECKPOINTS / checkpoint / "config.json").read_text())
+            cells.append(f"`{checkpoint}`: {_metric(config)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -136,8 +141,23 @@ def models_table() -> str:
     return "\n".join(lines)
 
 
+def speed_table() -> str:
+    """zoo's training against nanoGPT's on one machine (bench/nanogpt.py), at each thread count it was run at."""
+    lines = ["| threads | run | tokens/s | x nanoGPT | wall s | validation loss |", "|---|---|---|---|---|---|"]
+    for row in json.loads((RESULTS / "nanogpt.json").read_text())["rows"]:
+        if row["trainer"] == "nanoGPT":
+            run, ratio = "nanoGPT's `train.py`, float32", "1"
+        else:
+            run = "zoo, float32" if row["precision"] == "32-true" else f"zoo, `precision: auto` ({row['precision']})"
+            run += ", `compile: true`" if row.get("compile") else ""
+            ratio = f"[{row['x nanoGPT tokens/s']:.2f}x](docs/benchmarks.md#training-text-against-nanogpt)"
+        lines.append(f"| {row['threads']} | {run} | {row['tokens/s']:,} | {ratio} | {row['wall s']:.0f} | "
+                     f"{row['val loss']:.3f} |")
+    return "\n".join(lines)
+
+
 def tables() -> dict[str, str]:
-    return {"choosing": choosing_table(), "models": models_table()}
+    return {"choosing": choosing_table(), "models": models_table(), "speed": speed_table()}
 
 
 def fill(text: str, filled: dict[str, str]) -> str:

@@ -181,3 +181,151 @@ def greedy_by_recompute(model, prompt: list[int], steps: int) -> list[int]:
         for _ in range(steps):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     return ids
+
+
+def decayed_sum(q, k, v, log_decay, initial=None):
+    """S_t = diag(a_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one token at a time in float64; log_decay (B, H, L)
+    (one a per head) or (B, H, L, dk) (one per key channel). Returns (o (B, H, L, dv), S after the last)."""
+    q, k, v, log_decay = (t.double() for t in (q, k, v, log_decay))
+    b, h, n, dk = k.shape
+    state = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if initial is None else initial.double()
+    out = []
+    for t in range(n):
+        a = torch.exp(log_decay[:, :, t])
+        a = a[..., None, None] if a.dim() == 2 else a[..., :, None]
+        state = a * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, 2), state
+
+
+def delta_rule(q, k, v, beta, log_decay=None, initial=None):
+    """S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T, o_t = S_t^T q_t, one token at a time in float64."""
+    q, k, v, beta = (t.double() for t in (q, k, v, beta))
+    b, h, n, dk = k.shape
+    state = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if initial is None else initial.double()
+    eye = torch.eye(dk, dtype=torch.float64)
+    out = []
+    for t in range(n):
+        a = 1.0 if log_decay is None else torch.exp(log_decay[:, :, t].double())[..., None, None]
+        kt, bt = k[:, :, t], beta[:, :, t][..., None, None]
+        erase = eye - bt * kt[..., :, None] * kt[..., None, :]
+        state = a * (erase @ state) + bt * kt[..., :, None] * v[:, :, t, None, :]
+        out.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(out, 2), state
+
+
+def _rms(x, weight, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def _silu(x):
+    return x / (1 + torch.exp(-x))
+
+
+def _conv(h, conv):
+    """A causal depthwise convolution, output t = bias + sum_j weight[:, j] h_{t - (w - 1) + j}, zeros before."""
+    if conv is None:
+        return h
+    w, out = conv.width, torch.zeros_like(h)
+    for t in range(h.shape[1]):
+        acc = conv.bias.double().clone().expand(h.shape[0], -1).clone()
+        for j in range(w):
+            s = t - (w - 1) + j
+            if s >= 0:
+                acc = acc + conv.weight[:, j].double() * h[:, s]
+        out[:, t] = acc
+    return _silu(out)
+
+
+def _heads(t, heads):
+    b, n, _ = t.shape
+    return t.view(b, n, heads, -1).transpose(1, 2)
+
+
+def gla_layer(layer, x):
+    """GatedLinearAttention in float64, one token at a time: S_t = diag(a_t) S_{t-1} + k_t v_t^T."""
+    x = x.double()
+    b, n, _ = x.shape
+    lin = lambda m, t: t @ m.weight.double().T + (0 if m.bias is None else m.bias.double())  # noqa: E731
+    q = _heads(lin(layer.q, x), layer.heads) * (layer.key_dim // layer.heads) ** -0.5
+    k, v = _heads(lin(layer.k, x), layer.heads), _heads(lin(layer.v, x), layer.heads)
+    if layer.decay == "fixed":
+        log_decay = torch.tensor([math.log(1 - 2.0 ** (-5 - h)) for h in range(layer.heads)],
+                                 dtype=torch.float64)[None, :, None].expand(b, -1, n)
+    else:
+        logits = lin(layer.gate[1], lin(layer.gate[0], x))
+        log_decay = _heads(torch.clamp(-torch.log1p(torch.exp(-logits)) / layer.gate_normalizer, min=-5.0),
+                           layer.heads)
+    o, _ = decayed_sum(q, k, v, log_decay)
+    o = _rms(o, layer.norm.weight, layer.norm.eps).transpose(1, 2).reshape(b, n, -1)
+    return lin(layer.proj, o * _silu(lin(layer.g, x)))
+
+
+def deltanet_layer(layer, x):
+    """DeltaNetAttention in float64, one token at a time: S_t = a_t (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T."""
+    x = x.double()
+    b, n, d = x.shape
+    lin = lambda m, t: t @ m.weight.double().T + (0 if m.bias is None else m.bias.double())  # noqa: E731
+    h = lin(layer.qkv, x)
+    h = _conv(h, layer.conv) if layer.conv is not None else _silu(h)
+    q, k, v = (_heads(t, layer.heads) for t in h.split(d, -1))
+    q = q / q.norm(dim=-1, keepdim=True) * layer.head_dim ** -0.5
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = (1 / (1 + torch.exp(-lin(layer.beta, x)))).transpose(1, 2)
+    log_decay = None
+    if layer.gated:
+        rate = torch.log1p(torch.exp(lin(layer.decay, x) + layer.dt_bias.double()))
+        log_decay = (-torch.exp(layer.A_log.double()) * rate).transpose(1, 2)
+    o, _ = delta_rule(q, k, v, beta, log_decay)
+    o = _rms(o, layer.norm.weight, layer.norm.eps).transpose(1, 2).reshape(b, n, -1)
+    return lin(layer.proj, o * _silu(lin(layer.g, x)))
+
+
+def ssd_layer(layer, x):
+    """SSDAttention (Mamba-2) in float64, one token at a time: S_t = e^{-dt_t A} S_{t-1} + dt_t B_t x_t^T,
+    y_t = S_t^T C_t + D x_t, out = W_o RMSNorm(y * swish(z))."""
+    x = x.double()
+    b, n, _ = x.shape
+    inner, state, heads = layer.inner, layer.state_dim, layer.heads
+    proj = x @ layer.in_proj.weight.double().T
+    z, xbc, dt = proj[..., :inner], proj[..., inner:2 * inner + 2 * state], proj[..., 2 * inner + 2 * state:]
+    xbc = _conv(xbc, layer.conv) if layer.conv is not None else _silu(xbc)
+    u, B, C = xbc[..., :inner], xbc[..., inner:inner + state], xbc[..., inner + state:]
+    dt = torch.log1p(torch.exp(dt + layer.dt_bias.double()))  # (b, n, heads)
+    A = torch.exp(layer.A_log.double())
+    u = u.view(b, n, heads, -1)
+    S = torch.zeros(b, heads, state, u.shape[-1], dtype=torch.float64)
+    ys = []
+    for t in range(n):
+        decay = torch.exp(-dt[:, t] * A)[..., None, None]
+        S = decay * S + (dt[:, t, :, None, None] * B[:, t, None, :, None]) * u[:, t, :, None, :]
+        y = (S * C[:, t, None, :, None]).sum(-2) + layer.D.double()[:, None] * u[:, t]
+        ys.append(y.reshape(b, -1))
+    y = torch.stack(ys, 1)
+    y = _rms(y * _silu(z), layer.norm.weight, layer.norm.eps)
+    return y @ layer.proj.weight.double().T
+
+
+def window_attention(layer, x, key_padding_mask=None):
+    """WindowAttention (causal, no positions) in float64: query i over the real keys i - W < j <= i."""
+    x = x.double()
+    b, n, d = x.shape
+    h, hd = layer.heads, layer.head_dim
+    qkv = x @ layer.qkv.weight.double().T + (0 if layer.qkv.bias is None else layer.qkv.bias.double())
+    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+    out = torch.zeros(b, n, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            sl = slice(hi * hd, (hi + 1) * hd)
+            for i in range(n):
+                keys = [j for j in range(max(0, i - layer.window + 1), i + 1)
+                        if key_padding_mask is None or key_padding_mask[bi, j]]
+                if not keys:
+                    continue
+                logits = torch.stack([q[bi, i, sl] @ k[bi, j, sl] / math.sqrt(hd) for j in keys])
+                w = torch.softmax(logits, 0)
+                out[bi, i, sl] = sum(wj * v[bi, j, sl] for wj, j in zip(w, keys))
+    out = out @ layer.proj.weight.double().T + (0 if layer.proj.bias is None else layer.proj.bias.double())
+    if key_padding_mask is not None:
+        out = out * key_padding_mask[..., None]
+    return out

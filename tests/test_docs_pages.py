@@ -27,7 +27,7 @@ def test_readme_is_a_front_page_of_at_most_300_lines_with_its_sections_in_order(
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 300
     headings = re.findall(r"^## (.+)$", text, re.M)
-    assert headings == ["Two commands", "Use it", "Choosing an attention", "Models", "Documentation"]
+    assert headings == ["Two commands", "Use it", "Choosing an attention", "Speed", "Models", "Documentation"]
     two = text.split("## Two commands", 1)[1]
     assert "pip install -e . && zoo fit --config quickstart" in two
     assert "pip install -e '.[dev]' && bash .ci/timm-tests && python -m pytest" in two

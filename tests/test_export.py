@@ -185,9 +185,15 @@ def _each_once_by_default() -> list:
 EACH_ONCE_BY_DEFAULT = _each_once_by_default()
 
 
+# aot_eager's replay of the gated delta rule's backward fails inside PyTorch 2.14 ("view size is not compatible",
+# a view of a gradient that is not contiguous; with gated=False it passes); inductor, torch.compile's default,
+# compiles it whole and gives eager's gradients, which is what this test then holds it to
+AOT_EAGER_FAILS = ("deltanet-gpt-tiny",)
+
+
 @pytest.mark.parametrize(("name", "depth"), EACH_ONCE_BY_DEFAULT)
 def test_compile_fullgraph_forward_and_training_step(name, depth):
-    compiled_equals_eager(name, "aot_eager", depth)
+    compiled_equals_eager(name, "inductor" if name in AOT_EAGER_FAILS else "aot_eager", depth)
 
 
 class SoftmaxOneLayer(torch.nn.Module):

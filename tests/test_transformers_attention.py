@@ -197,7 +197,7 @@ def test_generate_with_the_cache_equals_recomputation(implementation):
 # swap
 
 
-@pytest.mark.parametrize("mechanism", ["micro", "elita", "incontext"])
+@pytest.mark.parametrize("mechanism", ["micro", "elita", "incontext", "gla", "deltanet", "ssd"])
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
 def test_swapped_models_generate_as_they_recompute(make, mechanism):
     model = make()
@@ -256,20 +256,21 @@ def test_what_cannot_be_swapped_is_refused_in_one_line():
     assert "\n" not in str(caught.value)
     with pytest.raises(ValueError, match=r"elita is causal only"):
         swap(vit(), "elita")
-    with pytest.raises(ValueError, match=r"GPT2Attention.*neither q_proj.*micro, elita or incontext"):
+    with pytest.raises(ValueError, match=r"GPT2Attention.*neither q_proj.*micro, elita, incontext, gla, deltanet"):
         swap(gpt2(add_cross_attention=True), "micro")
     model = llama(sliding_window=4)
     with pytest.raises(ValueError, match="sliding window"):
         swap(model, "micro")
 
 
-def test_a_swapped_gpt2_saved_with_save_pretrained_loads_back_or_is_refused(tmp_path):
+@pytest.mark.parametrize("mechanism", ["micro", "deltanet", "ssd"])
+def test_a_swapped_gpt2_saved_with_save_pretrained_loads_back_or_is_refused(tmp_path, mechanism):
     model = gpt2()
-    swap(model, "micro")
+    swap(model, mechanism)
     model.save_pretrained(tmp_path)
     ids, mask = batch()
-    # the original class would rebuild plain attention and drop micro's weights: it refuses
-    with pytest.raises(ValueError, match="zoo_swapped_micro"):
+    # the original class would rebuild plain attention and drop the mechanism's weights: it refuses
+    with pytest.raises(ValueError, match=f"zoo_swapped_{mechanism}"):
         GPT2LMHeadModel.from_pretrained(tmp_path)
     loaded = load_swapped(GPT2LMHeadModel, tmp_path)
     with torch.no_grad():

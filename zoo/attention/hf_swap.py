@@ -1,6 +1,6 @@
-"""swap for Hugging Face transformers' attention modules: micro, elita and incontext in their place.
+"""swap for Hugging Face transformers' attention modules: micro, elita, incontext, gla, deltanet and ssd in their place.
 
-micro, elita and incontext read the layer's hidden states, not q, k and v alone, so they cannot be attention
+These read the layer's hidden states, not q, k and v alone, so they cannot be attention
 functions (hf_attention.py); swap replaces the whole module instead. It replaces self-attention written in
 one of transformers' two layouts:
 
@@ -15,8 +15,8 @@ under `mixer.` (e.g. `model.layers.0.self_attn.mixer.queries`). So the state_dic
 incontext loads the original checkpoint's kept weights by their original keys.
 
 Decoding: with a cache (generate's DynamicCache), a causal layer keeps its zoo state (MicroState, ElitaState,
-InContextState) on the cache object, under `cache.zoo_states[layer_idx]`, and writes a one-channel placeholder
-per token into the cache's layer, so that the cache's length (which the model's positions and masks read)
+InContextState, RecurrentState) on the cache object, under `cache.zoo_states[layer_idx]`, and writes a one-channel
+placeholder per token into the cache's layer, so that the cache's length (which the model's positions and masks read)
 counts the tokens as it does for softmax layers. Beam search, which reorders the cache, is not supported.
 
 Save and load: transformers' `save_pretrained` writes the swapped model's state_dict and the swap itself
@@ -35,14 +35,19 @@ import json
 import torch
 from torch import nn
 
+from zoo.attention.deltanet import DeltaNetAttention
 from zoo.attention.elita import ElitaAttention
+from zoo.attention.gla import GatedLinearAttention
 from zoo.attention.incontext import InContextAttention
 from zoo.attention.micro import MicroAttention
+from zoo.attention.ssd import SSDAttention
 from zoo.utils.checks import shown
 
 # What swap puts in place of a transformers attention module
 HF_MIXERS: dict[str, type[nn.Module]] = {"micro": MicroAttention, "elita": ElitaAttention,
-                                          "incontext": InContextAttention}
+                                          "incontext": InContextAttention, "gla": GatedLinearAttention,
+                                          "deltanet": DeltaNetAttention, "ssd": SSDAttention}
+CAUSAL_ONLY = (ElitaAttention, GatedLinearAttention, DeltaNetAttention, SSDAttention)
 LAYOUTS = {"qkvo": ("q_proj", "k_proj", "v_proj", "o_proj"), "gpt2": ("c_attn", "c_proj")}
 SUPPORTED = ("self-attention with q_proj, k_proj, v_proj and o_proj (LlamaAttention, MistralAttention, "
              "Qwen2Attention, ViTAttention, ...) or GPT-2's c_attn and c_proj (GPT2Attention)")
@@ -70,7 +75,7 @@ def _layout(old: nn.Module) -> str | None:
 def _refusal(old: nn.Module, name: str, why: str) -> ValueError:
     cls = type(old)
     return ValueError(f"swap: {name or 'the model'} is transformers' {cls.__name__} ({cls.__module__}), {why}; "
-                      f"swap replaces {SUPPORTED} with micro, elita or incontext")
+                      f"swap replaces {SUPPORTED} with {', '.join(HF_MIXERS)}")
 
 
 def check_transformers_mechanism(old: nn.Module, name: str, mechanism: str) -> None:
@@ -124,7 +129,7 @@ def transformers_replacement(old: nn.Module, name: str, mechanism: str, options:
     Args:
         old: the transformers attention module.
         name: its qualified name in the model.
-        mechanism: micro, elita or incontext.
+        mechanism: micro, elita, incontext, gla, deltanet or ssd.
         options: arguments for the mechanism's class; heads and causal default to the old module's.
     """
     check_transformers_mechanism(old, name, mechanism)
@@ -137,9 +142,13 @@ def transformers_replacement(old: nn.Module, name: str, mechanism: str, options:
     causal = bool(getattr(old, "is_causal", False))
     cls = HF_MIXERS[mechanism]
     args = {"dim": dim, "heads": heads, "causal": causal, **options}
-    if cls is ElitaAttention and not args["causal"]:
-        raise ValueError(f"swap: elita is causal only and {name or 'the model'} attends both ways; pass causal=True "
-                         "to swap it in anyway (each token then sees only those before it)")
+    if issubclass(cls, CAUSAL_ONLY) and not args["causal"]:
+        raise ValueError(f"swap: {mechanism} is causal only and {name or 'the model'} attends both ways; pass "
+                         "causal=True to swap it in anyway (each token then sees only those before it)")
+    if cls is SSDAttention:  # its output goes through the model's o_proj, which takes the hidden size
+        if args.setdefault("expand", 1) != 1:
+            raise ValueError(f"swap: ssd in place of transformers' attention needs expand=1 (the model's output "
+                             f"projection takes {dim} channels), got expand={shown(args['expand'])}")
     notes, lost = [], []
     keep_qkv = cls is InContextAttention and kv_heads == heads
     if cls is InContextAttention and not keep_qkv:
@@ -191,7 +200,8 @@ class TransformersAttention(nn.Module):
     zoo layer's output through the model's own output projection.
 
     Args:
-        mixer: the zoo layer (MicroAttention, ElitaAttention or InContextAttention); its own output projection
+        mixer: the zoo layer (MicroAttention, ElitaAttention, InContextAttention, GatedLinearAttention,
+            DeltaNetAttention or SSDAttention); its own output projection
             is replaced by the old module's.
         old: the transformers attention module it replaces.
         layout: "qkvo" (q_proj, k_proj, v_proj, o_proj) or "gpt2" (c_attn, c_proj).

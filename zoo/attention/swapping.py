@@ -2,9 +2,9 @@
 
 It replaces timm's attention (timm.layers.Attention, EVA's EvaAttention, Swin's WindowAttention), PyTorch's
 nn.MultiheadAttention (the attention of nn.TransformerEncoderLayer and nn.TransformerDecoderLayer), zoo's own
-token mixers and, to micro, elita or incontext, transformers' self-attention modules (hf_swap.py), and returns
-the model. The adapters' state_dict keys are the replaced layers' where a weight is kept, so the original
-checkpoint loads into the swapped model. The new layer is called as the old one was: timm's
+token mixers and, to micro, elita, incontext, gla, deltanet or ssd, transformers' self-attention modules
+(hf_swap.py), and returns the model. The adapters' state_dict keys are the replaced layers' where a weight is
+kept, so the original checkpoint loads into the swapped model. The new layer is called as the old one was: timm's
 `attn(x, attn_mask=..., is_causal=...)` goes straight to it (zoo's layers take both), and
 nn.MultiheadAttention's signature through MultiheadAdapter.
 
@@ -26,13 +26,18 @@ import torch
 from torch import nn
 
 from zoo.attention.clipped import ClippedSoftmaxAttention
+from zoo.attention.deltanet import DeltaNetAttention
 from zoo.attention.elita import ElitaAttention
 from zoo.attention.gated import GatedAttention
+from zoo.attention.gla import GatedLinearAttention
 from zoo.attention.hf_swap import is_transformers_attention, record_transformers_swap, transformers_replacement
 from zoo.attention.incontext import InContextAttention
 from zoo.attention.micro import MicroAttention
 from zoo.attention.quiet import QuietAttention
+from zoo.attention.recurrent import RecurrentAttention
 from zoo.attention.softmax import SoftmaxAttention
+from zoo.attention.ssd import SSDAttention
+from zoo.attention.window import WindowAttention
 from zoo.utils.checks import flag, shown
 
 log = logging.getLogger(__name__)
@@ -46,8 +51,15 @@ MIXERS: dict[str, type[nn.Module]] = {
     "micro": MicroAttention,
     "elita": ElitaAttention,
     "incontext": InContextAttention,
+    # the field's yardsticks: sliding-window softmax and three linear-time layers with a matrix memory
+    "window": WindowAttention,
+    "gla": GatedLinearAttention,
+    "deltanet": DeltaNetAttention,
+    "ssd": SSDAttention,
 }
-ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention, InContextAttention)
+ZOO_MIXERS = (SoftmaxAttention, MicroAttention, ElitaAttention, InContextAttention, RecurrentAttention)
+CAUSAL_ONLY = (ElitaAttention, RecurrentAttention)  # their sums run over the tokens before each one
+CROSS = ("softmax", "quiet", "clipped", "gated")  # those that attend to another sequence
 QKV_MIXERS = (SoftmaxAttention, InContextAttention)  # those with timm's qkv and proj: their weights carry over
 
 
@@ -172,7 +184,8 @@ class MultiheadAdapter(_OwnKeys):
         if not self.batch_first:
             query = query.transpose(0, 1)
             context = None if context is None else context.transpose(0, 1)
-        if context is not None and not isinstance(self.attn, SoftmaxAttention):
+        crosses = isinstance(self.attn, SoftmaxAttention) and not isinstance(self.attn, WindowAttention)
+        if context is not None and not crosses:
             raise ValueError(f"{owner} cannot attend to another sequence: cross-attention needs softmax, quiet, "
                              "clipped or gated")
         b, lq = query.shape[:2]
@@ -287,9 +300,9 @@ def _replacement(old: nn.Module, name: str, mechanism: str, options: dict
             del args["rope_base"], args["alibi_bias_max"]
             notes.append("its rope or alibi positions are dropped (incontext makes its own)")
     args.update(options)
-    if cls is ElitaAttention and args["causal"] is False:
-        raise ValueError(f"swap: elita is causal only and {name or 'the model'} attends both ways; pass causal=True "
-                         "to swap it in anyway (each token then sees only those before it)")
+    if issubclass(cls, CAUSAL_ONLY) and args["causal"] is False:
+        raise ValueError(f"swap: {mechanism} is causal only and {name or 'the model'} attends both ways; pass "
+                         "causal=True to swap it in anyway (each token then sees only those before it)")
     new = cls(**args)
     param = next(old.parameters(), None)
     if param is not None:
@@ -326,10 +339,12 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
     Args:
         model: a module holding timm's attention (timm.layers.Attention as in its ViTs, EVA's EvaAttention,
             Swin's WindowAttention), transformers' self-attention (GPT2Attention, LlamaAttention, MistralAttention,
-            Qwen2Attention, ViTAttention, ...; to micro, elita or incontext only, see zoo/attention/hf_swap.py),
+            Qwen2Attention, ViTAttention, ...; to micro, elita, incontext, gla, deltanet or ssd only, see
+            zoo/attention/hf_swap.py),
             nn.MultiheadAttention (as in nn.TransformerEncoder and nn.TransformerDecoder) or zoo token mixers, or
             one of them itself.
-        mechanism: softmax, quiet, clipped, gated, micro, elita or incontext.
+        mechanism: softmax, quiet, clipped, gated, micro, elita, incontext, window, gla, deltanet or ssd (window keeps
+            q, k, v as the softmax family does; gla, deltanet and ssd start from fresh weights, as micro and elita).
         strict: refuse, naming them, parts of an old layer that zoo's layers have no place for (timm's
             q_norm and k_norm, nn.MultiheadAttention's bias_k and bias_v, its add_zero_attn unless swapped to
             quiet, a learned bias swapped to incontext), which would silently change the outputs (default
@@ -363,7 +378,7 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
     cross = {f"{name}.multihead_attn".lstrip(".") for name, module in model.named_modules()
              if isinstance(module, nn.TransformerDecoderLayer)}
     strict = flag(strict, "strict", "swap")
-    if not issubclass(MIXERS[mechanism], SoftmaxAttention) and cross & {n for names, _ in sources for n in names}:
+    if mechanism not in CROSS and cross & {n for names, _ in sources for n in names}:
         raise ValueError(f"swap: {mechanism} cannot attend to another sequence, and {sorted(cross)[0]} is "
                          "cross-attention; cross-attention needs softmax, quiet, clipped or gated")
     built = [(names, old, *_replacement(old, names[0], mechanism, options)) for names, old in sources]
@@ -413,7 +428,7 @@ def swap(model: nn.Module, mechanism: str, strict: bool = True, **options) -> nn
 
 
 def load_swapped(model_class, path, **kwargs) -> nn.Module:
-    """Load a folder that save_pretrained wrote from a model swapped to micro, elita or incontext.
+    """Load a folder that save_pretrained wrote from a model swapped to micro, elita, incontext, gla, deltanet or ssd.
 
     The original class builds the model with its original attention implementation and loads the kept weights
     by their own names; swap then puts the recorded mechanism back with the recorded options, and the

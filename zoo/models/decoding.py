@@ -35,7 +35,7 @@ from zoo.attention.micro import MicroState
 from zoo.attention.softmax import KVCache
 from zoo.models.short_conv import ConvState
 
-STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED},
+STATE_FIELDS = {**{kind: ("keys", "values") for kind in KV_CACHED if kind != "window"},
                 "micro": ("weighted_sum", "score_sum"), "elita": ("log_norm", "mean"),
                 "incontext": ("keys", "values", "starts", "total")}
 STATES = {KVCache: "softmax", MicroState: "micro", ElitaState: "elita", InContextState: "incontext"}
@@ -52,6 +52,10 @@ def state_names(model) -> list[str]:
     Args:
         model: the TextTransformer whose blocks' states are named.
     """
+    unexported = sorted({kind for kind in block_kinds(model) if kind not in STATE_FIELDS})
+    if unexported:  # their states (a window's cache, a chunked memory) have no exported form yet
+        raise ValueError(f"exported decoding takes blocks of {sorted(STATE_FIELDS)}; this model has "
+                         f"{', '.join(unexported)}: decode it in PyTorch (model.generate)")
     return [f"block{i}.{f}" for i, (kind, width) in enumerate(zip(block_kinds(model), model.short_convs))
             for f in ("conv",) * bool(width) + STATE_FIELDS[kind]]
 

@@ -32,10 +32,10 @@ from zoo.models.short_conv import MAX_WIDTH
 from zoo.models.tokenizer import tokenizer_from_dict
 from zoo.utils.checks import check_data, check_padding_mask, shown
 
-# The causal mechanisms a block may have; the last three carry order themselves (running sums, ELiTA's
-# positions, in-context positions), the softmax family (KV_CACHED) through its causal mask (and rope or alibi
-# where its attention_options ask for them).
-CAUSAL = (*KV_CACHED, "micro", "elita", "incontext")
+# The causal mechanisms a block may have; after the softmax family the rest carry order themselves (running
+# sums, ELiTA's positions, in-context positions, decaying memories), the softmax family (KV_CACHED, window among
+# them) through its causal mask (and rope or alibi where its attention_options ask for them).
+CAUSAL = (*KV_CACHED, "micro", "elita", "incontext", "gla", "deltanet", "ssd")
 # Positions that the softmax family's blocks apply to queries and keys (zoo/attention/positions.py) rather than
 # an embedding added at the input: relative, so they reach any length.
 ROTARY_OR_ALIBI = ("rope", "alibi")
@@ -73,7 +73,8 @@ class TextTransformer(Releasable, nn.Module):
         mlp_ratio: the MLP's hidden width as a multiple of embed_dim, a number in (0, 1024] giving at least one
             hidden unit (default 4); unused with mlp="ffn2".
         attention: the blocks' causal attention: "softmax" (default), "quiet", "clipped", "gated", "micro",
-            "elita" or "incontext" (see zoo.attention); or a list of `depth` such names, one per block.
+            "elita", "incontext", "window", "gla", "deltanet" or "ssd" (see zoo.attention); or a list of `depth`
+            such names, one per block.
         mlp: the blocks' feed-forward: "mlp" (default; Linear, GELU, Linear) or "ffn2" (ELiTA's FeedForward2);
             or a list of `depth` such names, one per block.
         pos_embed: the position encoding: "learned" (default), "sincos" (fixed sine-cosine, any length) or
@@ -574,3 +575,9 @@ register("hybrid-elita-conv-gpt-tiny", "text", TextTransformer, default_tag=DEFA
 register("hybrid-elita-conv1-gpt-tiny", "text", TextTransformer, default_tag=DEFAULT_TAG, attention=_hybrid("elita"),
          pos_embed="none", mlp="ffn2", short_conv=[4] + [0] * (TINY["depth"] - 1), **TINY)
 register("incontext-gpt-tiny", "text", TextTransformer, attention="incontext", pos_embed="none", **TINY)
+# The field's yardsticks (docs: "Choosing an attention"): sliding-window softmax attention with rotary positions
+# (Mistral's form, a window of 64 tokens) and three linear-time layers with a matrix memory, each in every block.
+register("window-gpt-tiny", "text", TextTransformer, attention="window", pos_embed="rope",
+         attention_options={"window": 64}, **TINY)
+for attention in ("gla", "deltanet", "ssd"):
+    register(f"{attention}-gpt-tiny", "text", TextTransformer, attention=attention, pos_embed="none", **TINY)

@@ -24,6 +24,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.plugins import _PLUGIN_INPUT
 
 from zoo.training.checkpoint_io import SafeCheckpointIO
+from zoo.training.progress import with_progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def resolve(precision, accelerator: str = "cpu") -> tuple[object, str | None]:
 class Trainer(L.Trainer):
     """Lightning's Trainer that also takes `precision="auto"` (the recipes' setting): see `choose`.
 
+    Its progress bar redraws by the clock (TimedProgressBar) unless a bar is given or turned off.
     `precision_reason` keeps why auto chose what it did (None when the precision was given),
     for the model card. Checkpoints (`ckpt_path`: a file, "last", "best") are read weights-only
     and never from a URL (`zoo.training.checkpoint_io`), unless a CheckpointIO plugin is given.
@@ -112,4 +114,6 @@ class Trainer(L.Trainer):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [] if plugins is None else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(SafeCheckpointIO())
+        # a bar redrawn by the clock, not at every step (zoo/training/progress.py)
+        kwargs["callbacks"] = with_progress_bar(kwargs.get("callbacks"), kwargs.get("enable_progress_bar"))
         super().__init__(*args, precision=precision, plugins=plugins, **kwargs)
