@@ -45,6 +45,14 @@ ROWS = (
     ("hybrid-micro-conv (3 micro + 1 softmax block)", "induction and copying at every length",
      "hybrid-micro-gpt-tiny:conv", None, "hybrid-micro-conv-gpt-tiny", "hybrid-micro-conv-gpt-tiny.warpeace"),
     ("fused", "pooling tokens of any rank into one vector", None, "fused", None, "fused-2d-tiny.mnist"),
+    # the field's yardsticks, none shipped; their decoding from bench/results/yardstick_decode.json
+    ("window (64 tokens)", "softmax's recall inside its window; decoding at a fixed cost", "window-gpt-tiny", None,
+     "window-gpt-tiny", None),
+    ("gla", "linear time; text, but no recall at this size", "gla-gpt-tiny", None, "gla-gpt-tiny", None),
+    ("deltanet (gated delta rule)", "recall in linear time (two seeds of three)", "deltanet-gpt-tiny", None,
+     "deltanet-gpt-tiny", None),
+    ("ssd (Mamba-2)", "the best tiny-shakespeare loss here; recall (one seed)", "ssd-gpt-tiny", None, "ssd-gpt-tiny",
+     None),
 )
 # (task, length) of the "loses" columns, with the docs page each links to
 LOSES = (("mqar", 64, "recall", "mqar"), ("induction_heads", 64, "induction", "induction"),
@@ -110,9 +118,10 @@ def choosing_table() -> str:
         for task, length, _, page in LOSES:
             model, note = LENGTH_FORM.get(suite, (suite, "")) if page == "length" else (suite, "")
             value = _mean_accuracy(runs, model, task, length) if suite else None
+            ran = suite and any(r["task"] == task and r["model"] == model for r in runs.values())
             if not suite:
                 cells.append("-")
-            elif value is None and length != LOSES[0][1]:
+            elif value is None and ran:  # run, but not testable at this length
                 cells.append("- (learned positions)")
             else:
                 cells.append(_cell(None if value is None else 100 * value, f"capabilities/{page}.md", "{:.1f}" + note))

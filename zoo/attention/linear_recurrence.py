@@ -83,7 +83,8 @@ def chunked_decayed_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     scalar = log_decay.dim() == 3
     # an exported graph serves every length: one chunk, with no branch or loop on the length (quadratic in it)
     exporting = torch.compiler.is_exporting()
-    size = None if exporting else SCALAR_CHUNK if scalar else CHANNEL_CHUNK
+    # a short call (a decoding step) is one chunk of its own length: padding one token to a chunk would waste it
+    size = None if exporting else min(SCALAR_CHUNK if scalar else CHANNEL_CHUNK, n)
     state = k.new_zeros(b, h, dk, v.shape[-1]) if initial is None else initial.to(k.dtype)
     if not exporting and n == 0:
         return v.new_zeros(b, h, 0, v.shape[-1]), state
@@ -140,7 +141,7 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     exporting = torch.compiler.is_exporting()  # one chunk at every length, as chunked_decayed_sum
     if not exporting and n == 0:
         return v.new_zeros(b, h, 0, v.shape[-1]), state
-    size = None if exporting else SCALAR_CHUNK
+    size = None if exporting else min(SCALAR_CHUNK, n)  # a decoding step: one chunk of one token
     qc, kc, vc = _chunks(q, size), _chunks(k, size), _chunks(v, size)
     betas = _chunks(beta[..., None], size)  # (B, H, nc, C, 1); padded tail tokens write nothing (b = 0)
     g = _chunks(log_decay[..., None], size).cumsum(3)[..., 0]  # (B, H, nc, C)
