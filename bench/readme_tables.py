@@ -6,7 +6,8 @@
 Every cell comes from a file: the capability suite (bench/results/capabilities.json, the suite's 2-block forms at
 width 64), the attention layers' training step (bench/results/attention.json), decoding whole models
 (bench/results/hybrid_decode.json, yardstick_decode.json), zoo against nanoGPT (bench/results/nanogpt.json) and
-the shipped checkpoints themselves (checkpoints/NAME/config.json and the tensor shapes in their model.safetensors). Each cell links to the docs page where its figure is explained.
+the shipped checkpoints themselves (checkpoints/NAME/config.json and the tensor shapes in their model.safetensors).
+Each cell links to the docs page where its figure is explained.
 tests/test_readme_tables.py holds README.md to this script's output.
 """
 
