@@ -1,6 +1,7 @@
-"""The README's two tables, "Choosing an attention" and the shipped models, written from what was measured.
+"""The README's tables, "Choosing an attention", the shipped models and the speed against nanoGPT, written from
+what was measured.
 
-    python bench/readme_tables.py            # put both tables into README.md, between their markers
+    python bench/readme_tables.py            # put the tables into README.md, between their markers
     python bench/readme_tables.py --check    # exit 1, naming the table, if README.md's differ from the files
 
 Every cell comes from a file: the capability suite (bench/results/capabilities.json, the suite's 2-block forms at
