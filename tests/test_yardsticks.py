@@ -277,3 +277,13 @@ def test_the_short_convolution_is_applied_and_trained(name):
     with torch.no_grad():
         m.conv.weight.zero_()
     assert not torch.allclose(m(x), out)
+
+
+@pytest.mark.parametrize("case,chunk", [("gla", 16), ("deltanet", 64), ("ssd", 64)])
+def test_a_nan_token_reaches_no_chunk_before_its_own(case, chunk):
+    """As documented in linear_recurrence.py: every later output is NaN, the chunks before it stay finite."""
+    m, x = layer(case), tokens(n=150)
+    x[0, chunk + 5] = float("nan")
+    out = m(x)
+    assert torch.isfinite(out[0, :chunk]).all() and torch.isnan(out[0, chunk + 5:]).all()
+    assert torch.isfinite(out[1]).all()  # another row of the batch is untouched

@@ -12,6 +12,9 @@ with Hardware-Efficient Training"; Yang et al. 2024, "Parallelizing Linear Trans
 over Sequence Length"): within a chunk, a C x C attention-like matrix of matrix products; across chunks, one
 update of S per chunk. The code is ours, written from the papers' equations.
 
+A NaN or inf token makes every later output NaN, as the recurrence does, and through the masked products
+(0 * NaN) the earlier outputs of its own chunk too; the chunks before it stay finite (tests/test_yardsticks.py).
+
 An exported graph (torch.export, ONNX) runs one chunk of the whole length, with no loop or branch on it:
 quadratic in the length, as softmax attention is, but one graph for every length.
 
