@@ -6,6 +6,7 @@
     python bench/capabilities.py --table             # the table from bench/results/capabilities.json
     python bench/capabilities.py --tiny              # a smoke run: tiny models, few steps, its own file
     python bench/capabilities.py --grid --seeds 0    # Zoology's grid: MQAR against width and pairs
+    python bench/capabilities.py --mini --sweep      # the mini models on Zoology's harder MQAR (hours a run here)
     python bench/capabilities.py --references stdlib # n-gram losses on a text task's test windows
     python bench/capabilities.py --sweep --only 'mqar/*'  # each cell's learning rate from a sweep at seed 0
     python bench/capabilities.py --sweep --sweep-seeds 3 --only 'mqar/gpt-tiny/*' \
@@ -89,7 +90,9 @@ FADING = {"elita": {"positions": "alibi", "pos_dim": 0}, "micro": {"positions": 
 # paper's eight heads), "name:alibi:bias_max2-16" 2 in the first block and 16 in the second; tried outside
 # the suite (a file of its own, below); variants combine: "name:conv:w128". "name:shipped" is the registered
 # architecture exactly as `zoo.create(name)` builds it (its width, depth, heads and initialization), with only
-# the task's vocabulary and length: the model a figure for `name` itself must be measured on
+# the task's vocabulary and length: the model a figure for `name` itself must be measured on; "name:calibrated"
+# is that architecture with the suite's calibrated initialization (SIZE's untied output layer and embeddings of
+# std 1, below), which the mini study's MQAR runs take: a figure for it is named as this variant
 CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
@@ -123,6 +126,11 @@ TASKS = {
     # and its next sequence length, 128, at Zoology's 8 pairs there and twice that (vocabulary still 256)
     "mqar128_p8": ("MQAR", {"vocab_size": 256, "sequence_length": 128, "num_pairs": 8}),
     "mqar128_p16": ("MQAR", {"vocab_size": 256, "sequence_length": 128, "num_pairs": 16}),
+    # the mini study (--mini): Zoology's harder settings with its vocabulary of 8,192, 64 pairs at 256 and 512
+    # tokens and 128 at 512, for the width-256, 6-block models
+    "mqar256_p64": ("MQAR", {"vocab_size": 8192, "sequence_length": 256, "num_pairs": 64}),
+    "mqar512_p64": ("MQAR", {"vocab_size": 8192, "sequence_length": 512, "num_pairs": 64}),
+    "mqar512_p128": ("MQAR", {"vocab_size": 8192, "sequence_length": 512, "num_pairs": 128}),
     "listops": ("ListOps", {"max_depth": 10, "max_args": 10, "min_length": 100, "max_length": 500}),
     "pixel_mnist": ("PixelMNIST", {"root": str(DATA), "batch_size": 50}),  # LRA's batch
     "pixel_mnist_permuted": ("PixelMNIST", {"root": str(DATA), "permute": True, "batch_size": 50}),
@@ -132,8 +140,13 @@ TASKS = {
 }
 # Zoology's Figure 2 at this budget (--grid): MQAR accuracy against width and pairs, sequence lengths 64 and 128
 GRID_TASKS = ("mqar", "mqar_p8", "mqar_p16", "mqar128_p8", "mqar128_p16")
-GRID_MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-elita-gpt-tiny:conv")
+GRID_MODELS = ("gpt-tiny", "micro-gpt-tiny", "elita-gpt-tiny", "hybrid-elita-gpt-tiny:conv",
+               "window-gpt-tiny", "gla-gpt-tiny", "deltanet-gpt-tiny", "ssd-gpt-tiny")  # and the yardsticks
 GRID_WIDTHS = (64, 128)  # 64 is SIZE's
+# The mini study's MQAR (--mini): the registered mini models (width 256, 6 blocks) with
+# the suite's calibrated initialization (":calibrated", below), on Zoology's harder settings
+MINI_TASKS = ("mqar256_p64", "mqar512_p64", "mqar512_p128")
+MINI_MODELS = ("gpt-mini", "elita-gpt-mini", "incontext-gpt-mini", "hybrid-elita-conv1-gpt-mini", "ssd-gpt-mini")
 # batch_size where the task does not set its own (long sequences take fewer)
 BUDGET = {"steps": 2000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 100, "weight_decay": 0.1}
 SEEDS = (0, 1, 2)
@@ -178,6 +191,8 @@ def model_spec(model: str, tiny: bool = False) -> tuple[str, dict]:
     name, *variants = model.split(":")
     if variants == ["shipped"]:  # the registered architecture as shipped: its own size, depth and initialization
         return name, {}
+    if variants == ["calibrated"]:  # its own size and depth, the suite's initialization
+        return name, {k: size[k] for k in ("tie_embeddings", "embed_std") if k in size}
     for variant in variants:
         if variant == "alibi" and name.split("-")[0] in FADING:  # the mechanism's own fading option
             size = {**size, "attention_options": dict(FADING[name.split("-")[0]])}
@@ -538,6 +553,8 @@ def _model_head(models) -> str:
     """The model column's heading: a table of registered architectures only ("name:shipped") is not at the
     suite's size, and says so."""
     models = list(models)
+    if models and all(m.endswith(":calibrated") for m in models):
+        return "model, as registered but initialized as the suite's"
     return "model, as registered" if models and all(m.endswith(":shipped") for m in models) else MODEL_HEAD
 
 
@@ -865,6 +882,8 @@ def selected_runs(parser, args, out: Path, equal_budget_out: Path) -> list[tuple
     seeds = [0] if args.sweep else args.seeds if args.seeds is not None else ([0] if args.tiny else list(SEEDS))
     if args.grid and (args.models or args.tiny):
         parser.error("--grid runs its own models and sizes: narrow it with --only, e.g. --only 'mqar_p8/*'")
+    if args.mini and (args.models or args.tiny or args.grid):
+        parser.error("--mini runs its own models and sizes: narrow it with --only, e.g. --only 'mqar256_p64/*'")
     for m in args.models or ():  # a model zoo cannot build is refused before anything runs
         if why := unbuildable(m, args.tiny):
             parser.error(f"--models {m}: {why}")
@@ -874,9 +893,11 @@ def selected_runs(parser, args, out: Path, equal_budget_out: Path) -> list[tuple
     if args.grid:
         models = [_grid_name(m, w) for m in GRID_MODELS for w in GRID_WIDTHS]
         tasks = GRID_TASKS
-    else:  # the grid's extra tasks only with --grid
+    elif args.mini:
+        models, tasks = [f"{m}:calibrated" for m in MINI_MODELS], MINI_TASKS
+    else:  # the grid's and the mini study's tasks only with --grid and --mini
         models = args.models or list(MODELS)
-        tasks = [t for t in (TINY_TASKS if args.tiny else TASKS) if t not in GRID_TASKS[1:]]
+        tasks = [t for t in (TINY_TASKS if args.tiny else TASKS) if t not in (*GRID_TASKS[1:], *MINI_TASKS)]
     runs = [(t, m, s) for s in seeds for t in tasks for m in models if fnmatch.fnmatch(f"{t}/{m}/{s}", args.only)]
     if not runs and not args.table:
         parser.error(f"--only {args.only!r} matches no run of these tasks, models and seeds (keys are "
@@ -932,6 +953,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grid", action="store_true",
                         help=f"Zoology's grid instead: {', '.join(GRID_TASKS)} x {', '.join(GRID_MODELS)} at widths "
                              f"{' and '.join(map(str, GRID_WIDTHS))}")
+    parser.add_argument("--mini", action="store_true",
+                        help=f"the mini study's MQAR instead: {', '.join(MINI_TASKS)} x "
+                             f"{', '.join(MINI_MODELS)} (width 256, 6 blocks; the suite's initialization)")
     parser.add_argument("--tiny", action="store_true", help="tiny models and data, few steps (a smoke run)")
     parser.add_argument("--out", type=Path, default=None, help=f"the JSON (default {OUT}; with --tiny {TINY_OUT})")
     parser.add_argument("--references", metavar="TASK", choices=[t for t, (name, _) in TASKS.items()

@@ -5,6 +5,8 @@
                                                           # learned positions only; elita.md's "100K+")
     python bench/long_context.py --reach 128 1024 4096    # how far back each release reads (below)
     python bench/long_context.py --table                  # the table from bench/results/long_context.json
+    python bench/long_context.py --text stdlib            # every standard-library release (*.stdlib), scored
+                                                          # on its held-out end into long_context_stdlib.json
 
 Each release is scored on the held-out end of War and Peace (its last 10%, the split its recipe trained
 beside), cut into consecutive windows of its context C and, where its positions allow, of 4C and of the
@@ -43,10 +45,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, locked, machine, nothing_to_show, print_table, read_runs  # noqa: E402
-from zoo.data.sequences import LongContextText  # noqa: E402
+from zoo.data.sequences import STDLIB, LongContextText  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "long_context.json"
+OUT_STDLIB = RESULTS / "long_context_stdlib.json"  # --text stdlib's, so that each file holds one text's rows
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ZOO_DATA", ROOT.parent / "shared" / "data"))
 TEXT = DATA / "warpeace" / "warpeace_input.txt"
@@ -128,7 +131,8 @@ def score(folder: Path, data, long: list[int], reach: list[int] = ()) -> dict:
     model = zoo.load(str(folder)).eval()
     if getattr(model, "tokenizer", None) is None:  # an image model, or a text model without characters
         raise ValueError(f"{folder} is not a character-level language model ({type(model).__name__} without "
-                         "a tokenizer): give a War and Peace release (recipes/*.warpeace.yaml)")
+                         "a tokenizer): give a release of a character-level text recipe "
+                         "(recipes/*.warpeace.yaml, recipes/*.stdlib.yaml)")
     if model.tokenizer.to_dict() != data.tokenizer.to_dict():
         raise ValueError(f"{folder} was not trained on the characters of {data.source}: its tokenizer differs "
                          "from the text's (pass the text it was trained on with --text)")
@@ -191,7 +195,8 @@ def table(results: dict) -> None:
                 rows[-1]["rise on the same text"] = f"{k['same_text']['rise']:+.3f}"
         elif r.get("not_tested"):
             rows[-1]["keeps it at 4x (rise <= 0.05)"] = "not tested: learned positions"
-    print_table("War and Peace, held-out end: mean loss (nats per character) by token position", rows)
+    title = "the standard library" if results.get("baselines", {}).get("text") == STDLIB else "War and Peace"
+    print_table(f"{title}, held-out end: mean loss (nats per character) by token position", rows)
     reach = [{"release": name, "characters": r["reach"]["span"], "windows": r["reach"]["windows"],
               **{f"read with {int(n) // 2}-{n} back": v for n, v in r["reach"]["loss"].items()}}
              for name, r in results["runs"].items() if r.get("reach")]
@@ -225,15 +230,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", nargs="+", default=None,
-                        help="release folders (default: every checkpoints/*.warpeace* release)")
+                        help="release folders (default: every checkpoints/*.warpeace* release; *.stdlib* ones "
+                             "with --text stdlib)")
     parser.add_argument("--long", nargs="*", type=window, default=[], help="longer windows to score, in tokens")
     parser.add_argument("--reach", nargs="*", type=reach_window, default=[],
                         help="window lengths (even) to read each release's [C/2, C) characters again with")
-    parser.add_argument("--text", type=Path, default=TEXT, help="War and Peace (default under $ZOO_DATA)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--text", default=str(TEXT),
+                        help=f"the text the releases trained on: War and Peace (default, under $ZOO_DATA), "
+                             f"another file, or {STDLIB!r}, the Python standard library's source")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"default bench/results/{OUT.name} ({OUT_STDLIB.name} with --text {STDLIB})")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--table", action="store_true", help="print the table from --out, run nothing")
     args = parser.parse_args(argv)
+    stdlib = args.text == STDLIB
+    if args.out is None:
+        args.out = OUT_STDLIB if stdlib else OUT
     try:  # before anything is scored: a file that is not this bench's is refused, not overwritten
         results = read_runs(args.out)
     except (OSError, ValueError) as e:
@@ -243,16 +255,17 @@ def main(argv=None):
     if not args.table:
         if args.threads:
             torch.set_num_threads(args.threads)
+        kind = "stdlib" if stdlib else "warpeace"
         folders = [Path(f) for f in args.releases] if args.releases else sorted(
-            f.parent for f in (ROOT / "checkpoints").glob("*.warpeace*/config.json"))
+            f.parent for f in (ROOT / "checkpoints").glob(f"*.{kind}*/config.json"))
         if not folders:
-            raise SystemExit("bench/long_context.py: error: no War and Peace release found: train one "
-                             "(recipes/*.warpeace.yaml) or pass --releases")
-        if not args.text.is_file():
+            raise SystemExit(f"bench/long_context.py: error: no {'standard-library' if stdlib else 'War and Peace'} "
+                             f"release found in checkpoints/: train one (recipes/*.{kind}.yaml) or pass --releases")
+        if not stdlib and not Path(args.text).is_file():
             raise SystemExit(f"bench/long_context.py: error: War and Peace not found at {args.text}: set ZOO_DATA "
-                             "or --text")
+                             f"or --text (a file, or {STDLIB})")
         try:  # the split the recipes trained beside, read as they read it
-            data = LongContextText(str(args.text), context_length=FIRST)
+            data = LongContextText(args.text, context_length=FIRST)
             vocab = data.tokenizer.vocab_size
             baselines = {f"{n}-gram": round(ngram_loss(data.train_tokens, data.val_tokens, n, vocab), 4)
                          for n in (1, 2, 3)}
@@ -264,7 +277,8 @@ def main(argv=None):
                 with locked(args.out.stem):
                     results = read_runs(args.out)
                     results["runs"][folder.name] = record
-                    results["baselines"] = {"text": args.text.name, "add_alpha": 0.1, "loss": baselines}
+                    text = STDLIB if stdlib else Path(args.text).name
+                    results["baselines"] = {"text": text, "add_alpha": 0.1, "loss": baselines}
                     results.update({"command": command, "machine": machine()})
                     write_text_atomic(args.out, json.dumps(results, indent=2))
         except (OSError, ValueError, TypeError) as e:  # a folder or text that is not what it should be: one line

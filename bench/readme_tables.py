@@ -47,14 +47,15 @@ ROWS = (
     ("hybrid-micro-conv (3 micro + 1 softmax block)", "induction and copying at every length",
      "hybrid-micro-gpt-tiny:conv", None, "hybrid-micro-conv-gpt-tiny", "hybrid-micro-conv-gpt-tiny.warpeace"),
     ("fused", "pooling tokens of any rank into one vector", None, "fused", None, "fused-2d-tiny.mnist"),
-    # the field's yardsticks, none shipped; their decoding from bench/results/yardstick_decode.json
+    # the field's yardsticks, their War and Peace checkpoints; their decoding from bench/results/yardstick_decode.json
     ("window (64 tokens)", "softmax's recall and induction inside its window; decoding at a fixed cost",
-     "window-gpt-tiny", None, "window-gpt-tiny", None),
-    ("gla", "linear time; text and copying, but no recall at this size", "gla-gpt-tiny", None, "gla-gpt-tiny", None),
+     "window-gpt-tiny", None, "window-gpt-tiny", "window-gpt-tiny.warpeace"),
+    ("gla", "linear time; text and copying, but no recall at this size", "gla-gpt-tiny", None, "gla-gpt-tiny",
+     "gla-gpt-tiny.warpeace"),
     ("deltanet (gated delta rule)", "recall and copying in linear time (two seeds of three)",
-     "deltanet-gpt-tiny", None, "deltanet-gpt-tiny", None),
-    ("ssd (Mamba-2)", "the best tiny-shakespeare loss here; recall, not induction", "ssd-gpt-tiny", None,
-     "ssd-gpt-tiny", None),
+     "deltanet-gpt-tiny", None, "deltanet-gpt-tiny", "deltanet-gpt-tiny.warpeace"),
+    ("ssd (Mamba-2)", "the best text losses here; recall, not induction", "ssd-gpt-tiny", None,
+     "ssd-gpt-tiny", "ssd-gpt-tiny.warpeace"),
 )
 # (task, length) of the "loses" columns, with the docs page each links to
 LOSES = (("mqar", 64, "recall", "mqar"), ("induction_heads", 64, "induction", "induction"),

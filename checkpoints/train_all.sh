@@ -6,6 +6,8 @@
 # `python bench/leaderboard.py` and `--ship`, which adds the other seeds' mean and spread to their
 # cards; this script trains the same seed-0 runs without that table.
 #   ZOO_DATA=../shared/data bash checkpoints/train_all.sh [RECIPE ...]
+# The mini study's recipes (recipes/*-mini.*.yaml) are not shipped: name them, e.g.
+#   bash checkpoints/train_all.sh gpt-mini.warpeace gpt-mini.stdlib
 set -u
 data=${ZOO_DATA:-../shared/data}
 recipes=("$@")
@@ -21,13 +23,16 @@ if [ ${#recipes[@]} -eq 0 ]; then
            gpt-tiny.warpeace gpt-tiny.warpeace-rope gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace
            elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
            elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
-           hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace)
+           hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace
+           deltanet-gpt-tiny.warpeace gla-gpt-tiny.warpeace window-gpt-tiny.warpeace ssd-gpt-tiny.warpeace)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then
     source_arg=(--data.init_args.path "$data/tinyshakespeare/input.txt")
   elif [[ $recipe == *warpeace* ]]; then
     source_arg=(--data.init_args.path "$data/warpeace/warpeace_input.txt")
+  elif [[ $recipe == *stdlib ]]; then  # the running Python's own library: no data folder
+    source_arg=()
   else
     source_arg=(--data.init_args.root "$data")
   fi

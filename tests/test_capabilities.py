@@ -511,7 +511,8 @@ def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_pa
     out = tmp_path / "none.json"
     capabilities.main(["--grid", "--seeds", "0", "--list", "--out", str(out)])
     grid = [line.partition(": ")[0] for line in capsys.readouterr().out.splitlines()]
-    assert len(grid) == 5 * 4 * 2 and "mqar_p16/hybrid-elita-gpt-tiny:conv:w128/0" in grid  # tasks x models x widths
+    assert len(grid) == 5 * 8 * 2 and "mqar_p16/hybrid-elita-gpt-tiny:conv:w128/0" in grid  # tasks x models x widths
+    assert "mqar128_p16/ssd-gpt-tiny:w128/0" in grid  # the yardsticks too
     assert "mqar128_p16/micro-gpt-tiny/0" in grid  # the next sequence length
     assert "mqar_p8/gpt-tiny/0" in grid and "mqar_p8/gpt-tiny:w64/0" not in grid  # width 64 is the plain name
     capabilities.main(["--seeds", "0", "--list", "--out", str(out)])
@@ -525,6 +526,35 @@ def test_bench_grid_lists_zoologys_grid_and_the_default_run_leaves_it_out(tmp_pa
     with pytest.raises(SystemExit):  # a pattern that matches nothing says so, rather than running nothing
         capabilities.main(["--grid", "--only", "mqar_p9/*", "--list", "--out", str(out)])
     assert "--only 'mqar_p9/*' matches no run" in capsys.readouterr().err
+
+
+@pytest.mark.bench
+def test_bench_mini_lists_its_mqar_runs_on_the_mini_models_initialized_as_the_suites(tmp_path, capsys):
+    """--mini: Zoology's harder MQAR settings x the registered mini models, at their own width and depth but the
+    suite's calibrated initialization; the default run and --grid leave its tasks out."""
+    from bench import capabilities
+
+    out = tmp_path / "none.json"
+    capabilities.main(["--mini", "--seeds", "0", "--list", "--out", str(out)])
+    runs = [line.partition(": ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert len(runs) == 3 * 5 and "mqar512_p128/ssd-gpt-mini:calibrated/0" in runs
+    for task, (length, pairs) in {"mqar256_p64": (256, 64), "mqar512_p64": (512, 64),
+                                  "mqar512_p128": (512, 128)}.items():
+        data = capabilities.build_data(task, capabilities.TASKS[task], 2, 0, tiny=False)
+        assert (data.vocab_size, data.sequence_length, data.num_pairs) == (8192, length, pairs)  # Zoology's
+    name, size = capabilities.model_spec("hybrid-elita-conv1-gpt-mini:calibrated")
+    model = zoo.create(name, vocab_size=8192, context_length=512, **size)
+    registered = zoo.create(name)
+    assert {k: model.config[k] for k in ("embed_dim", "depth", "num_heads", "attention", "short_conv")} == {
+        k: registered.config[k] for k in ("embed_dim", "depth", "num_heads", "attention", "short_conv")}
+    assert model.config["tie_embeddings"] is False and model.config["embed_std"] == 1.0  # SIZE's, not GPT-2's
+    assert model.config["embed_dim"] == 256 and model.config["depth"] == 6
+    for other in ([], ["--grid"]):
+        capabilities.main([*other, "--seeds", "0", "--list", "--out", str(out)])
+        assert not [line for line in capsys.readouterr().out.splitlines() if "mini" in line or "p64" in line]
+    with pytest.raises(SystemExit):  # its models are its own
+        capabilities.main(["--mini", "--models", "gpt-tiny", "--list", "--out", str(out)])
+    assert "--mini runs its own models" in capsys.readouterr().err
 
 
 def _record(task, model, seed, accuracy, lr=1e-3, seconds=60.0, **extra):
@@ -1428,6 +1458,41 @@ def test_long_text_trains_a_language_model_release_and_the_bench_scores_it_by_po
                     logp = torch.log_softmax(model(held[None, i - back: i + 1])[0, -1].double(), -1)
                 slow.append(-float(logp[held[i + 1]]))
         assert reach["loss"][str(length)] == pytest.approx(sum(slow) / len(slow), abs=1e-3)
+
+
+@pytest.mark.bench
+def test_long_context_bench_scores_standard_library_releases_on_the_standard_library(tmp_path, monkeypatch, capsys):
+    """--text stdlib: the releases are scored on the held-out end of the standard library's source as
+    LongContextText("stdlib") reads it (the mini study's second text), into long_context_stdlib.json by
+    default, and the table says which text; a War and Peace release is refused there (its characters differ).
+    The library's source is replaced by a short text here, so the routing is what is tested, in a second."""
+    from bench import long_context
+    from zoo.data import sequences
+
+    rng = random.Random(2)
+    text = "".join(rng.choice("def (x):\n return ") for _ in range(3000))
+    monkeypatch.setattr(sequences, "stdlib_text", lambda: (text, "a stand-in for the library"))
+    monkeypatch.setattr(long_context, "OUT_STDLIB", tmp_path / "long_context_stdlib.json")
+    chars = "".join(sorted(set(text)))
+    model = zoo.create("micro-gpt-tiny", vocab_size=len(chars), context_length=64, embed_dim=32, depth=1,
+                       num_heads=2, tokenizer={"type": "char", "chars": chars})
+    model.save_pretrained(tmp_path / "code.stdlib")
+    long_context.main(["--releases", str(tmp_path / "code.stdlib"), "--text", "stdlib"])
+    results = json.loads((tmp_path / "long_context_stdlib.json").read_text())
+    assert results["baselines"]["text"] == "stdlib" and list(results["runs"]) == ["code.stdlib"]
+    held = torch.tensor(CharTokenizer(chars).encode(text[int(len(text) * 0.9):]))  # 300 characters: 4 windows
+    with torch.no_grad():
+        logp = torch.log_softmax(model(held[:4 * 64].view(4, 64)).double(), -1)
+    losses = -logp.gather(-1, held[1:4 * 64 + 1].view(4, 64, 1))[..., 0]
+    record = results["runs"]["code.stdlib"]["by_length"]["64"]
+    assert record["windows"] == 4
+    assert record["loss"]["32-64"] == pytest.approx(float(losses[:, 32:].mean()), abs=1e-3)
+    assert "the standard library, held-out end" in capsys.readouterr().out
+    other = zoo.create("micro-gpt-tiny", vocab_size=5, context_length=32, embed_dim=32, depth=1, num_heads=2,
+                       tokenizer={"type": "char", "chars": "vwxyz"})
+    other.save_pretrained(tmp_path / "other.warpeace")
+    with pytest.raises(SystemExit, match=r"was not trained on the characters of a stand-in for the library"):
+        long_context.main(["--releases", str(tmp_path / "other.warpeace"), "--text", "stdlib"])
 
 
 @pytest.mark.bench

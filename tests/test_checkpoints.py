@@ -35,7 +35,9 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "elita-gpt-tiny.warpeace-alibi", "micro-gpt-tiny.warpeace-alibi",
            # the hybrids at 2,048: ELiTA, and micro, with the fading history and a rotary softmax block; micro
            # with short convolutions
-           "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace"]
+           "hybrid-elita-gpt-tiny.warpeace", "hybrid-micro-gpt-tiny.warpeace", "hybrid-micro-conv-gpt-tiny.warpeace",
+           # the field's yardsticks at 2,048 characters of War and Peace
+           "deltanet-gpt-tiny.warpeace", "gla-gpt-tiny.warpeace", "window-gpt-tiny.warpeace", "ssd-gpt-tiny.warpeace"]
 
 
 def test_every_planned_checkpoint_is_shipped():
@@ -47,6 +49,11 @@ def test_every_planned_checkpoint_is_shipped():
     # a text model's default is its tiny-shakespeare checkpoint; War and Peace's goes by its tag
     assert zoo.load("elita-gpt-tiny").context_length == 64
     assert zoo.load("elita-gpt-tiny.warpeace").context_length == 2048
+
+
+def test_readme_counts_the_shipped_checkpoints():
+    readme = (REPO / "README.md").read_text()
+    assert f"shipped with {len(PLANNED)} pretrained checkpoints" in readme
 
 
 def test_train_all_retrains_every_planned_checkpoint():

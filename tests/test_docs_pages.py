@@ -113,6 +113,47 @@ def _figures(text: str) -> set[str]:
     return set(re.findall(r"\d+\.\d+ ± \d+\.\d+", "\n".join(lines)))
 
 
+def test_length_page_rows_are_the_long_context_json_and_the_checkpoints():
+    """Every War and Peace checkpoint has a row in the length page's table, and each figure in it is the one
+    bench/results/long_context.json holds (`python bench/long_context.py`) or the checkpoint's own config: the
+    validation loss, the loss by position range, the two targets and whether each is met, and the minutes."""
+    results = json.loads((ROOT / "bench" / "results" / "long_context.json").read_text())["runs"]
+    page = (ROOT / "docs" / "capabilities" / "length.md").read_text()
+    table = next(block for block in page.split("\n\n") if block.startswith("| checkpoint |"))
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells
+    shipped = {p.name for p in (ROOT / "checkpoints").glob("*.warpeace*")}
+    assert set(rows) == shipped and shipped <= set(results)
+
+    def same(cell: str, value: float, digits: int) -> None:  # the JSON's value at the page's digits (0.3535: +0.354)
+        shown = cell.split()[0]
+        assert len(shown.partition(".")[2]) == digits and abs(float(shown) - value) <= 0.5001 * 10**-digits, (
+            cell, value)
+
+    for name, (_, _, val_loss, first, second_half, gain, at_4x, rise, at_64x, minutes) in rows.items():
+        run, config = results[name], json.loads((ROOT / "checkpoints" / name / "config.json").read_text())
+        context = str(run["context"])
+        same(val_loss, config["metrics"]["val/loss"], 3)
+        same(first, run["by_length"][context]["loss"]["0-64"], 3)
+        same(second_half, run["by_length"][context]["loss"]["1024-2048"], 3)
+        same(gain, run["uses_context"]["gain"], 3)
+        assert gain.split(" ", 1)[1] == ("met" if run["uses_context"]["met"] else "not met"), (name, gain)
+        if "8192" in run["by_length"]:
+            same(at_4x, run["by_length"]["8192"]["loss"]["4096-8192"], 4)
+            kept = run["keeps_context_at_4x"]
+            same(rise, kept["rise"], 3)
+            assert rise.split(" ", 1)[1] == ("met" if kept["met"] else "not met"), (name, rise)
+        else:
+            assert at_4x == "-" and rise.startswith("- ("), (name, at_4x, rise)
+        if "131072" in run["by_length"]:
+            same(at_64x, run["by_length"]["131072"]["loss"]["65536-131072"], 4)
+        else:
+            assert at_64x.startswith("-"), (name, at_64x)
+        assert int(minutes.split()[0]) == round(config["training"]["seconds"] / 60), (name, minutes)
+
+
 def test_leaderboard_and_outlier_figures_are_their_jsons(capsys):
     """Each mean ± std in the leaderboard's and the outlier study's tables and answers is one their bench
     scripts print from bench/results (`python bench/leaderboard.py --markdown`, `python bench/outliers.py

@@ -159,6 +159,9 @@ def module_compiled_equals_eager(module: torch.nn.Module, x: torch.Tensor, backe
 # another that is already run) take 3-6 s each and are in the slow set, which runs every model.
 CROSSINGS = ("quiet-vit-tiny", "gated-vit-tiny", "clipped-vit-tiny", "hybrid-micro-vit-tiny", "fused-1d-tiny",
              "fused-3d-tiny")
+# the mini models whose code a tiny one runs by default (gpt-mini's rotary softmax and elita-gpt-mini's fading
+# ELiTA are no tiny model's, and run by default)
+MINI_SAME_CODE = ("incontext-gpt-mini", "ssd-gpt-mini", "hybrid-elita-conv1-gpt-mini")
 # Tracing costs in proportion to depth, and a model whose blocks are alike runs one block's code in each: so the
 # default run traces two of them (the second takes the first's output, as every later one does), and the slow set
 # the registered depth; hybrids, whose blocks differ, keep every block. The default run's compile and export cases
@@ -172,7 +175,7 @@ def _each_once_by_default() -> list:
         kwargs = zoo.models.registry.entry(name).kwargs
         alike = kwargs.get("depth", 0) > ALIKE_BLOCKS and not any(isinstance(kwargs.get(k), (list, tuple))
                                                                   for k in PER_BLOCK)
-        if name.endswith("-small") or name in SAME_CODE + CROSSINGS:
+        if name.endswith("-small") or name in SAME_CODE + CROSSINGS + MINI_SAME_CODE:
             cases.append(pytest.param(name, None, marks=pytest.mark.slow, id=name))
         elif alike:
             cases += [pytest.param(name, ALIKE_BLOCKS, id=f"{name}-depth{ALIKE_BLOCKS}"),
@@ -273,6 +276,10 @@ def test_exported_decoding_gives_generates_tokens(name):
     """prefill and step, exported, decode greedily to generate's tokens, through the learned positions'
     window (80 new tokens on a context of 64) and with a batch of prompts."""
     model = zoo.load(name)
+    if unexported := sorted(set(model.attentions) - set(decoding.STATE_FIELDS)):  # the yardsticks' states
+        with pytest.raises(ValueError, match=f"exported decoding takes blocks of .*this model has {unexported[0]}"):
+            decoding.export(model)  # one line naming the blocks, not a TypeError from inside the trace
+        return
     prefill, step = decoding.export(model)
     prompt = torch.as_tensor([model.tokenizer.encode("ROMEO: "), model.tokenizer.encode("JULIET:")])
     window = model.context_length if model.pos_kind == "learned" else None

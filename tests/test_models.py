@@ -50,6 +50,23 @@ def test_list_models_and_unknown_name():
         zoo.load("vit-small")
 
 
+def test_the_mini_models_are_the_tiny_forms_at_width_256_and_6_blocks():
+    """The mini study's architectures: each family in the form named in docs/models.md, at width 256, 6 blocks and
+    a context of 2,048, a few million parameters (the tiny ones have under one); the hybrid keeps the tiny
+    hybrid's plan at the larger depth (its softmax block last, its convolution in the first block)."""
+    tiny = sum(p.numel() for p in zoo.create("gpt-tiny").parameters())
+    for name in ("gpt-mini", "elita-gpt-mini", "incontext-gpt-mini", "hybrid-elita-conv1-gpt-mini", "ssd-gpt-mini"):
+        model = zoo.create(name)
+        c = model.config
+        assert (c["embed_dim"], c["depth"], c["num_heads"], c["context_length"]) == (256, 6, 4, 2048), name
+        assert 3.5e6 < sum(p.numel() for p in model.parameters()) < 6e6 and tiny < 1e6
+    assert zoo.create("gpt-mini").config["pos_embed"] == "rope"
+    assert zoo.create("elita-gpt-mini").config["attention_options"] == {"pos_dim": 0, "positions": "alibi"}
+    hybrid, small = zoo.create("hybrid-elita-conv1-gpt-mini").config, zoo.create("hybrid-elita-conv1-gpt-tiny").config
+    assert hybrid["attention"] == ["elita"] * 5 + ["softmax"] and small["attention"] == ["elita"] * 3 + ["softmax"]
+    assert hybrid["short_conv"] == [4, 0, 0, 0, 0, 0] and small["short_conv"] == [4, 0, 0, 0]
+
+
 # ---- release folders -------------------------------------------------------------------------
 
 

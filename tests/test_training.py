@@ -345,7 +345,9 @@ def test_every_recipe_builds_its_model_and_data(recipe, tmp_path, monkeypatch):
                 else ["--data.init_args.root", str(ROOT)] if "root" in takes and "Digits" not in text else [])
     cli = run_lightning(["--config", str(REPO / "recipes" / recipe), *override], run=False)
     assert recipe == "quickstart.yaml" or recipe.startswith(cli.model.model.model_name + ".")
-    assert sum(p.numel() for p in cli.model.parameters()) * 4 < 10e6
+    # float32 bytes: a tiny recipe's checkpoint fits the wheel (under 10 MB); the mini study's take 16 to 23 MB
+    limit = 25e6 if "-mini." in recipe else 10e6
+    assert sum(p.numel() for p in cli.model.parameters()) * 4 < limit
 
 
 @needs_data
