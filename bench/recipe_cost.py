@@ -59,14 +59,13 @@ def recipe_shape(path: Path) -> dict:
 
 
 def vocabulary(text: str) -> int:
-    """The character vocabulary of the recipe's text: the standard library's, or a file's under ZOO_DATA (the
-    recipes name it as data/<folder>/<file>)."""
-    if text == STDLIB:
-        return LongContextText(STDLIB, context_length=64).tokenizer.vocab_size
-    file = DATA / Path(text).relative_to("data") if text.startswith("data/") else Path(text)
-    if not file.is_file():
-        raise ValueError(f"the recipe's text {text} is not at {file}: set ZOO_DATA to the data folder")
-    return len(set(file.read_text(encoding="utf-8-sig")))
+    """The character vocabulary of the recipe's text, as its data module reads it: the standard library's, or a
+    file's under ZOO_DATA (the recipes name it as data/<folder>/<file>)."""
+    if text != STDLIB and text.startswith("data/"):
+        text = str(DATA / Path(text).relative_to("data"))
+    if text != STDLIB and not Path(text).is_file():
+        raise ValueError(f"the recipe's text is not at {text}: set ZOO_DATA to the data folder")
+    return LongContextText(text, context_length=64).tokenizer.vocab_size
 
 
 def time_steps(shape: dict, vocab: int, steps: int, precision: str) -> tuple[float, int]:
@@ -104,14 +103,16 @@ def main(argv=None):
         read_runs(args.out)  # a file that is not this bench's is refused before anything is timed
         shapes = {path: recipe_shape(path) for path in args.recipes}
         torch.set_num_threads(args.threads)
+        # after set_num_threads, as auto measures at these threads; once per setting, not per recipe
+        precisions = {given: str(resolve(given, "cpu")[0]) for given in {s["precision"] for s in shapes.values()}}
         rows = []
         for path, shape in shapes.items():
             vocab = vocabulary(shape["text"])
-            precision, _ = resolve(shape["precision"], "cpu")  # after set_num_threads: auto measures at these
-            seconds, params = time_steps(shape, vocab, args.steps, str(precision))
+            precision = precisions[shape["precision"]]
+            seconds, params = time_steps(shape, vocab, args.steps, precision)
             record = {"recipe": path.stem, "model": shape["model"], "parameters": params, "vocabulary": vocab,
                       "batch": shape["batch"], "context": shape["context"], "steps": shape["steps"],
-                      "threads": args.threads, "precision": str(precision), "seconds per step": round(seconds, 3),
+                      "threads": args.threads, "precision": precision, "seconds per step": round(seconds, 3),
                       "hours": round(seconds * shape["steps"] / 3600, 2), "load average": round(os.getloadavg()[0], 2)}
             rows.append(record)
             with locked(args.out.stem):

@@ -49,6 +49,12 @@ def test_recipe_cost_refuses_in_one_line(tmp_path, capsys):
                         (tmp_path / "absent.yaml", "No such file")):
         with pytest.raises(SystemExit, match=f"^bench/recipe_cost.py: error: .*{why}"):
             recipe_cost.main([str(recipe), "--out", str(tmp_path / "cost.json")])
+    missing = tmp_path / "missing.warpeace.yaml"  # a text recipe whose text is not where ZOO_DATA says
+    missing.write_text((REPO / "recipes" / "gpt-tiny.warpeace-rope.yaml").read_text().replace("data/warpeace/",
+                                                                                            "data/absent/"))
+    with pytest.raises(SystemExit, match="^bench/recipe_cost.py: error: the recipe's text is not at .*set ZOO_DATA"):
+        recipe_cost.main([str(missing), "--out", str(tmp_path / "cost.json")])
+    assert not (tmp_path / "cost.json").exists()
     (tmp_path / "other.json").write_text("[1, 2]")  # another tool's file is refused, not overwritten
     with pytest.raises(SystemExit, match="is not a results JSON of this benchmark"):
         recipe_cost.main([str(REPO / "recipes" / "gpt-tiny.shakespeare.yaml"), "--out", str(tmp_path / "other.json")])
