@@ -25,7 +25,9 @@ def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds:
     config["metrics"] = {"val/loss": val_loss}
     config["training"] = {"command": f"zoo fit --config recipes/{folder.name}.yaml", "seconds": seconds,
                           "threads": 1, "precision": "bf16-mixed",
-                          "data": {"init_args": {"path": data_path, "context_length": 2048}}}
+                          # as LongContextText records it: a file by its name, the standard library as a path
+                          "data": {"init_args": {"path": "stdlib", "context_length": 2048}} if data_path == "stdlib"
+                          else {"file": data_path, "init_args": {"context_length": 2048}}}
     (folder / "config.json").write_text(json.dumps(config))
     return sum(p.numel() for p in model.parameters())
 
@@ -43,7 +45,7 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
     from bench import mini_study
 
     warpeace, stdlib = tmp_path / "gpt-mini.warpeace", tmp_path / "elita-gpt-mini.stdlib"
-    params = _release(warpeace, "gpt-mini", "data/warpeace/warpeace_input.txt", 1.23456, 7200.0)
+    params = _release(warpeace, "gpt-mini", "warpeace/warpeace_input.txt", 1.23456, 7200.0)
     _release(stdlib, "elita-gpt-mini", "stdlib", 1.5, 3600.0)
     texts = {"warpeace": tmp_path / "long.json", "stdlib": tmp_path / "long_stdlib.json"}
     texts["warpeace"].write_text(json.dumps({"runs": {"gpt-mini.warpeace": _scored(0.2, 2.5, None)}}))
@@ -85,7 +87,7 @@ def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monk
     monkeypatch.setattr(mini_study, "TEXTS", texts)
     out = tmp_path / "mini.json"
     unscored = tmp_path / "gpt-mini.warpeace"
-    _release(unscored, "gpt-mini", "data/warpeace/warpeace_input.txt", 1.3, 60.0)
+    _release(unscored, "gpt-mini", "warpeace/warpeace_input.txt", 1.3, 60.0)
     tiny = tmp_path / "gpt-tiny.warpeace"
     import zoo
 
