@@ -24,12 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import long_context  # noqa: E402
 from bench.common import RESULTS, locked, machine, nothing_to_show, read_runs  # noqa: E402
+from zoo.data.sequences import STDLIB  # noqa: E402
 from zoo.utils.atomic import write_text_atomic  # noqa: E402
 
 OUT = RESULTS / "mini_study.json"
 ROOT = Path(__file__).resolve().parents[1]
-TEXTS = {"warpeace": RESULTS / "long_context.json", "stdlib": RESULTS / "long_context_stdlib.json"}
+TEXTS = {"warpeace": long_context.OUT, "stdlib": long_context.OUT_STDLIB}  # where bench/long_context.py writes
 # The tiny form each mini model scales up: a shipped War and Peace checkpoint, and a capability-suite model whose
 # stdlib column is the tiny study's figure on Python source. None: the tiny study has no such run.
 TINY = {
@@ -64,13 +66,21 @@ def record(folder: Path) -> dict:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{folder} is not a release folder (no config.json): give the folder `zoo fit` exported")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path} is not a release's config ({error}): give the folder `zoo fit` exported") \
+            from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} is not a release's config (not a JSON object): give the folder `zoo fit` "
+                         "exported")
     model_name, training = config.get("model_name"), config.get("training") or {}
     if model_name not in TINY:
         raise ValueError(f"{folder} holds {model_name!r}, not a mini model; expected one of {', '.join(TINY)}")
     if "val/loss" not in (config.get("metrics") or {}) or not {"seconds", "command"} <= set(training):
         raise ValueError(f"{folder} records no validation loss or no training run: give a folder `zoo fit` exported")
-    text = "stdlib" if (training.get("data") or {}).get("init_args", {}).get("path") == "stdlib" else "warpeace"
+    # LongContextText records the standard library as its path, a text file by the file's name
+    text = "stdlib" if (training.get("data") or {}).get("init_args", {}).get("path") == STDLIB else "warpeace"
     scored = read_runs(TEXTS[text])["runs"].get(folder.name)
     if scored is None:
         flag = " --text stdlib" if text == "stdlib" else ""

@@ -92,10 +92,14 @@ def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monk
     import zoo
 
     zoo.create("gpt-tiny").save_pretrained(tiny)
+    garbled = tmp_path / "garbled"
+    garbled.mkdir()
+    (garbled / "config.json").write_text("not JSON")
     for folder, said in ((unscored, f"has no loss by position in {texts['warpeace']}: run `python "
                                     f"bench/long_context.py --releases {unscored}` first"),
                          (tiny, "holds 'gpt-tiny', not a mini model"),
-                         (tmp_path / "absent", "is not a release folder (no config.json)")):
+                         (tmp_path / "absent", "is not a release folder (no config.json)"),
+                         (garbled, "config.json is not a release's config")):
         with pytest.raises(SystemExit, match="bench/mini_study.py: error: ") as raised:
             mini_study.main(["--releases", str(folder), "--out", str(out)])
         assert said in str(raised.value) and "\n" not in str(raised.value)
