@@ -2,6 +2,8 @@
 
     python bench/attention.py            # full run (about 25 minutes on 2 cores)
     python bench/attention.py --quick    # lengths up to 4k, for a smoke test
+    python bench/attention.py --mechanisms window gla deltanet ssd incontext --lengths 4096 16384 \
+        --out attention_yardsticks      # the training step alone, for these beside causal SDPA (about 5 minutes)
 
 Every forward+backward measurement runs in a fresh process so that its peak resident
 memory (above the process's memory before the measurement) is its own. Ratios are
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import (  # noqa: E402
+    cpu_flags,
     current_rss_mb,
     in_subprocess,
     peak_rss_mb,
@@ -43,6 +46,8 @@ from bench.common import (  # noqa: E402
 HEADS, HEAD_DIM = 4, 64
 DIM = HEADS * HEAD_DIM
 MECHANISMS = ["softmax", "quiet", "micro", "elita", "fused"]
+# each layer with its registered model's options (window-gpt-tiny's 64-token window)
+OPTIONS = {"window": {"window": 64}}
 MEMORY_LIMIT_GB = 8
 GROWTH_PROCESSES = 5
 # glibc hands buffers over 32 MB straight back to the kernel and trims its heap, so every
@@ -127,7 +132,8 @@ def worker(job: dict) -> dict:
     torch.manual_seed(0)
     name, n, dtype = job["mechanism"], job["length"], job["dtype"]
     kind = job.get("kind", "train")
-    layer = A.build(name, DIM, heads=HEADS, causal=name != "fused", **({"max_len": n} if name == "elita" else {}))
+    layer = A.build(name, DIM, heads=HEADS, causal=name != "fused", **({"max_len": n} if name == "elita" else {}),
+                    **OPTIONS.get(name, {}))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
 
     if kind == "decode":
@@ -169,17 +175,32 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="lengths up to 4k only")
     parser.add_argument("--max-quadratic", type=int, default=65536,
                         help="skip softmax, quiet and fused beyond this length (each 64k step takes minutes)")
+    parser.add_argument("--mechanisms", nargs="+", metavar="NAME",
+                        help="only the training step of these (causal SDPA's measured beside them), to --out")
+    parser.add_argument("--lengths", nargs="+", type=int, metavar="N", help="with --mechanisms: the lengths")
+    parser.add_argument("--out", default="attention", help="the results' name: bench/results/OUT.json")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.mechanisms:
+        import zoo.attention as A
+
+        unknown = sorted(set(args.mechanisms) - set(A.MECHANISMS))
+        if unknown:
+            parser.error(f"unknown mechanism(s) {unknown}; expected some of {sorted(A.MECHANISMS)}")
+        if args.out == "attention":
+            parser.error("--mechanisms measures a part only: name its own --out, not the whole run's attention")
+    elif args.lengths:
+        parser.error("--lengths goes with --mechanisms")
 
     script = str(Path(__file__).resolve())
-    lengths = [256, 1024, 4096] if args.quick else [256, 1024, 4096, 8192, 16384, 65536]
+    lengths = args.lengths or ([256, 1024, 4096] if args.quick else [256, 1024, 4096, 8192, 16384, 65536])
+    mechanisms = ["softmax", *[m for m in args.mechanisms if m != "softmax"]] if args.mechanisms else MECHANISMS
     train = []
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32",) if args.mechanisms else ("fp32", "bf16"):
         for n in lengths:
-            for name in MECHANISMS:
+            for name in mechanisms:
                 job = {"mechanism": name, "length": n, "dtype": dtype, "kind": "train"}
                 if estimated_gb(job) > MEMORY_LIMIT_GB:
                     row = {**job, "skipped": f"needs over {MEMORY_LIMIT_GB} GB"}
@@ -194,6 +215,11 @@ def main() -> None:
         baseline = by_key.get(("softmax", r["length"], r["dtype"]), {})
         if "ms" in r and "ms" in baseline:
             r["vs_causal_sdpa"] = r["ms"] / baseline["ms"]
+    if args.mechanisms:
+        print_table("forward+backward, batch 1, 4 heads of 64", train,
+                    ["mechanism", "length", "dtype", "ms", "peak_mb", "vs_causal_sdpa", "skipped", "error"])
+        print(f"\nwrote {write_json(args.out, {'cpu_flags': cpu_flags(), 'train': train})}")
+        return
 
     # Growth t(64k) / t(4k): both lengths timed in turn in one process, in five processes;
     # then again with glibc told to keep freed memory, to show what the allocator adds.

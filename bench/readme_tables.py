@@ -5,8 +5,8 @@ what was measured.
     python bench/readme_tables.py --check    # exit 1, naming the table, if README.md's differ from the files
 
 Every cell comes from a file: the capability suite (bench/results/capabilities.json, the suite's 2-block forms at
-width 64), the attention layers' training step (bench/results/attention.json), decoding whole models
-(bench/results/hybrid_decode.json, yardstick_decode.json), zoo against nanoGPT (bench/results/nanogpt.json) and
+width 64), the attention layers' training step (bench/results/attention.json, attention_yardsticks.json), decoding
+whole models (bench/results/hybrid_decode.json, yardstick_decode.json), zoo against nanoGPT (nanogpt.json) and
 the shipped checkpoints themselves (checkpoints/NAME/config.json and the tensor shapes in their model.safetensors).
 Each cell links to the docs page where its figure is explained.
 tests/test_readme_tables.py holds README.md to this script's output.
@@ -40,21 +40,22 @@ ROWS = (
      "micro-vit-tiny.mnist"),
     ("elita", "linear time; long text with a fading history", "elita-gpt-tiny", "elita", "elita-gpt-tiny",
      "elita-gpt-tiny.warpeace-alibi"),
-    ("incontext", "recall far past the training length", "incontext-gpt-tiny", None, None,
+    ("incontext", "recall far past the training length", "incontext-gpt-tiny", "incontext", None,
      "incontext-gpt-tiny.shakespeare"),
     ("hybrid-elita-conv1 (3 ELiTA + 1 softmax block)", "long-context language models: fast decoding",
      "hybrid-elita-gpt-tiny:conv1", None, "hybrid-elita-conv1-gpt-tiny", "hybrid-elita-conv1-gpt-tiny.shakespeare"),
     ("hybrid-micro-conv (3 micro + 1 softmax block)", "induction and copying at every length",
      "hybrid-micro-gpt-tiny:conv", None, "hybrid-micro-conv-gpt-tiny", "hybrid-micro-conv-gpt-tiny.warpeace"),
     ("fused", "pooling tokens of any rank into one vector", None, "fused", None, "fused-2d-tiny.mnist"),
-    # the field's yardsticks, their War and Peace checkpoints; their decoding from bench/results/yardstick_decode.json
+    # the field's yardsticks, their War and Peace checkpoints; their decoding from bench/results/yardstick_decode.json,
+    # their training step (and the in-context bias's) from bench/results/attention_yardsticks.json
     ("window (64 tokens)", "softmax's recall and induction inside its window; decoding at a fixed cost",
-     "window-gpt-tiny", None, "window-gpt-tiny", "window-gpt-tiny.warpeace"),
-    ("gla", "linear time; text and copying, but no recall at this size", "gla-gpt-tiny", None, "gla-gpt-tiny",
+     "window-gpt-tiny", "window", "window-gpt-tiny", "window-gpt-tiny.warpeace"),
+    ("gla", "linear time; text and copying, but no recall at this size", "gla-gpt-tiny", "gla", "gla-gpt-tiny",
      "gla-gpt-tiny.warpeace"),
     ("deltanet (gated delta rule)", "recall and copying in linear time (two seeds of three)",
-     "deltanet-gpt-tiny", None, "deltanet-gpt-tiny", "deltanet-gpt-tiny.warpeace"),
-    ("ssd (Mamba-2)", "the best text losses here; recall, not induction", "ssd-gpt-tiny", None,
+     "deltanet-gpt-tiny", "deltanet", "deltanet-gpt-tiny", "deltanet-gpt-tiny.warpeace"),
+    ("ssd (Mamba-2)", "the best text losses here; recall, not induction", "ssd-gpt-tiny", "ssd",
      "ssd-gpt-tiny", "ssd-gpt-tiny.warpeace"),
 )
 # (task, length) of the "loses" columns, with the docs page each links to
@@ -109,6 +110,9 @@ def _cell(value: float | None, page: str, form: str) -> str:
 def choosing_table() -> str:
     runs = json.loads((RESULTS / "capabilities.json").read_text())["runs"]
     attention = json.loads((RESULTS / "attention.json").read_text())
+    if (RESULTS / "attention_yardsticks.json").is_file():  # their run, each ratio to causal SDPA in that run
+        more = json.loads((RESULTS / "attention_yardsticks.json").read_text())["train"]
+        attention["train"] += [r for r in more if r["mechanism"] != "softmax"]
     decode = json.loads((RESULTS / "hybrid_decode.json").read_text())
     if (RESULTS / "yardstick_decode.json").is_file():  # the yardsticks' run, each ratio within its own run
         decode["decode"] += json.loads((RESULTS / "yardstick_decode.json").read_text())["decode"]

@@ -6,7 +6,8 @@
 # `python bench/leaderboard.py` and `--ship`, which adds the other seeds' mean and spread to their
 # cards; this script trains the same seed-0 runs without that table.
 #   ZOO_DATA=../shared/data bash checkpoints/train_all.sh [RECIPE ...]
-# The mini study's recipes (recipes/*-mini.*.yaml) are not shipped: name them, e.g.
+# The mini study's recipes (recipes/*-mini.*.yaml) take 1 to 9 hours each; those shipped (the runs that met both
+# long-context targets) are last in the list. The others run by name, e.g.
 #   bash checkpoints/train_all.sh gpt-mini.warpeace gpt-mini.stdlib
 set -u
 data=${ZOO_DATA:-../shared/data}
@@ -24,7 +25,8 @@ if [ ${#recipes[@]} -eq 0 ]; then
            elita-gpt-tiny.warpeace elita-gpt-tiny.warpeace-nopos
            elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
            hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace
-           deltanet-gpt-tiny.warpeace gla-gpt-tiny.warpeace window-gpt-tiny.warpeace ssd-gpt-tiny.warpeace)
+           deltanet-gpt-tiny.warpeace gla-gpt-tiny.warpeace window-gpt-tiny.warpeace ssd-gpt-tiny.warpeace
+           elita-gpt-mini.warpeace)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

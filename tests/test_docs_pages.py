@@ -124,7 +124,7 @@ def test_length_page_rows_are_the_long_context_json_and_the_checkpoints():
     for line in table.splitlines()[2:]:
         cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
         rows[cells[0].strip("`")] = cells
-    shipped = {p.name for p in (ROOT / "checkpoints").glob("*.warpeace*")}
+    shipped = {p.name for p in (ROOT / "checkpoints").glob("*-tiny.warpeace*")}  # the mini ones: mini.md's
     assert set(rows) == shipped and shipped <= set(results)
 
     def same(cell: str, value: float, digits: int) -> None:  # the JSON's value at the page's digits (0.3535: +0.354)
@@ -168,3 +168,16 @@ def test_leaderboard_and_outlier_figures_are_their_jsons(capsys):
     printed = capsys.readouterr().out
     shown = _figures((ROOT / "docs" / "outliers.md").read_text())
     assert shown and not {f for f in shown if f not in printed}
+
+
+def test_each_shipped_mini_checkpoint_is_a_row_of_the_mini_study_with_its_own_loss():
+    """A mini checkpoint ships because the study measured it: its row on the mini page gives its own validation
+    loss (bench/mini_study.py writes the table; tests/test_bench_mini_study.py holds the page to it)."""
+    page = (ROOT / "docs" / "capabilities" / "mini.md").read_text()
+    folders = sorted((ROOT / "checkpoints").glob("*-mini.*"))
+    assert folders
+    for folder in folders:
+        model, _, text = folder.name.partition(".")
+        loss = json.loads((folder / "config.json").read_text())["metrics"]["val/loss"]
+        shown = {"warpeace": "War and Peace", "stdlib": "Python stdlib"}[text]
+        assert re.search(rf"^\| `{model}` \| {shown} \| [\d,]+ \| {loss:.3f} \|", page, re.M), folder.name

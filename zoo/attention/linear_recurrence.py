@@ -110,9 +110,12 @@ def chunked_decayed_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     writes = (kc * torch.exp(last - g)).transpose(-1, -2) @ vc  # what each chunk adds to S, (B, H, nc, dk, dv)
     keep = torch.exp(last).transpose(-1, -2)  # (B, H, nc, 1 or dk, 1): how much of S a chunk keeps
     starts = []
-    for c in range(qc.shape[2]):  # the only sequential part: one update of S per chunk
+    # the only sequential part: one update of S per chunk. Its inputs are split once (unbind), not indexed per
+    # chunk: the backward of each index fills a zero gradient of the whole tensor, which made the backward
+    # quadratic in the length (GLA's at 16k tokens: 5.3 s against 0.3 s at 4k)
+    for keep_c, writes_c in zip(keep.unbind(2), writes.unbind(2)):
         starts.append(state)
-        state = keep[:, :, c] * state + writes[:, :, c]
+        state = keep_c * state + writes_c
     before = torch.stack(starts, 2)  # S at each chunk's start
     out = within + (qc * torch.exp(g)) @ before
     return out.flatten(2, 3)[:, :, :n], state
@@ -162,10 +165,11 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: 
     k_to_end = kc * torch.exp(g[..., -1:] - g)[..., None]
     keep = torch.exp(g[..., -1])[..., None, None]  # (B, H, nc, 1, 1)
     outs = []
-    for c in range(qc.shape[2]):
-        written = new_values[:, :, c] - keys_in[:, :, c] @ state
-        outs.append(q_decayed[:, :, c] @ state + reads[:, :, c] @ written)
-        state = keep[:, :, c] * state + k_to_end[:, :, c].transpose(-1, -2) @ written
+    chunks = zip(*(t.unbind(2) for t in (new_values, keys_in, q_decayed, reads, keep, k_to_end)))  # split once
+    for new_c, keys_c, q_c, reads_c, keep_c, k_c in chunks:
+        written = new_c - keys_c @ state
+        outs.append(q_c @ state + reads_c @ written)
+        state = keep_c * state + k_c.transpose(-1, -2) @ written
     return torch.stack(outs, 2).flatten(2, 3)[:, :, :n], state
 
 

@@ -198,6 +198,13 @@ def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, d
     return model if dtype is None else model.to(dtype)
 
 
+# The wheel carries the tiny checkpoints, 0.2 to 4 MB each (pyproject.toml's package-data names "*-tiny.*"); the
+# mini size's, 16 to 23 MB each, would take it past PyPI's 100 MB a file, so they stay in the source repository's
+# checkpoints/, where a clone's zoo.load finds them as it finds the others. Named here so that an installed zoo
+# can say where they are (tests/test_checkpoints.py holds this list to the folders).
+IN_REPOSITORY_ONLY = ("elita-gpt-mini.warpeace",)
+
+
 def checkpoint_roots() -> list[Path]:
     """Where shipped release folders live: the package's own, then a source checkout's checkpoints/."""
     package = Path(__file__).resolve().parents[1]  # zoo/
@@ -219,10 +226,17 @@ def checkpoint_folder(name_tag: str) -> Path:
     name, _, tag = name_tag.partition(".")
     default = entry(name).default_tag  # unknown names fail here, with the closest registered ones
     tags = pretrained_tags(name)
-    if not tags:
+    # a mini checkpoint asked of an installed wheel: say where it is rather than that none was shipped
+    elsewhere = [n.partition(".")[2] for n in IN_REPOSITORY_ONLY if n.partition(".")[0] == name]
+    elsewhere = [t for t in elsewhere if t not in tags]
+    if not tags and not elsewhere:
         raise ValueError(f"no pretrained weights are shipped for {name!r}; zoo.create({name!r}) builds it with "
                          f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
-    tag = tag or (default if default in tags else tags[0])
+    tag = tag or (default if default in tags else (tags or elsewhere)[0])
+    if tag in elsewhere:
+        raise ValueError(f"{name}.{tag}: not in the wheel (16 to 23 MB a checkpoint) but in the source repository's "
+                         f"checkpoints/ folder; from a clone, zoo.load finds it by name, or pass the release folder")
     if tag not in tags:
-        raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {tags}")
+        available = tags + [f"{t} (in the source repository)" for t in elsewhere]
+        raise ValueError(f"{name!r} has no checkpoint tagged {tag!r}; available: {', '.join(available)}")
     return next(root / f"{name}.{tag}" for root in checkpoint_roots() if (root / f"{name}.{tag}").is_dir())

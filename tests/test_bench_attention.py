@@ -1,0 +1,43 @@
+"""bench/attention.py --mechanisms: the training step of some mechanisms beside causal SDPA, measured in one run and
+written under its own name; a part never overwrites the whole run's results."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+pytestmark = pytest.mark.bench
+
+
+def test_some_mechanisms_beside_causal_sdpa_in_one_run(tmp_path, monkeypatch):
+    import bench.common
+    from bench import attention
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--mechanisms", "gla", "window", "--lengths", "64",
+                                      "--out", "attention_part"])
+    attention.main()
+    rows = json.loads((tmp_path / "attention_part.json").read_text())["train"]
+    assert [(r["mechanism"], r["length"], r["dtype"]) for r in rows] == [
+        ("softmax", 64, "fp32"), ("gla", 64, "fp32"), ("window", 64, "fp32")]  # the baseline first, fp32 only
+    base = rows[0]["ms"]
+    for row in rows:
+        assert row["ms"] > 0 and row["vs_causal_sdpa"] == pytest.approx(row["ms"] / base)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--mechanisms", "nope", "--out", "x"], r"unknown mechanism\(s\) \['nope'\]; expected some of \["),
+    (["--mechanisms", "gla"], "measures a part only: name its own --out"),
+    (["--lengths", "64"], "--lengths goes with --mechanisms"),
+])
+def test_a_bad_request_gets_one_line(argv, expected):
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "attention.py"), *argv], capture_output=True,
+                         text=True)
+    last = out.stderr.strip().splitlines()[-1]  # argparse's usage line, then the error in one line
+    assert out.returncode == 2 and last.startswith("attention.py: error: ") and re.search(expected, last)
