@@ -98,6 +98,8 @@ def record(folder: Path) -> dict:
         "parameters": sum(p.numel() for p in zoo.load(str(folder)).parameters()),
         "val_loss": round(config["metrics"]["val/loss"], 4),
         "hours": round(training["seconds"] / 3600, 2),
+        # a run resumed from a checkpoint records the resumed part's time only
+        "resumed": "--ckpt_path" in training["command"].split(),
         "threads": training.get("threads"),
         "precision": training.get("precision"),
         "command": training["command"],
@@ -125,7 +127,8 @@ def table(results: dict) -> list[str]:
         lines.append(f"| `{r['model']}` | {text} | {r['parameters']:,} | {r['val_loss']:.3f} | {tiny_cell} | "
                      f"{r['first']:.3f} | {r['second_half']:.3f} | "
                      f"{r['gain']:+.3f} {'met' if r['gain_met'] else '**not met**'} | {rise} | {far} | "
-                     f"{r['hours']:.2f} ({r['threads']} thread{'s' * (r['threads'] != 1)}, {r['precision']}) |")
+                     f"{r['hours']:.2f} ({r['threads']} thread{'s' * (r['threads'] != 1)}, {r['precision']}"
+                     f"{'; the resumed part only' if r.get('resumed') else ''}) |")
     return lines
 
 

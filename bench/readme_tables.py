@@ -42,7 +42,7 @@ ROWS = (
      "elita-gpt-tiny.warpeace-alibi"),
     ("incontext", "recall far past the training length", "incontext-gpt-tiny", "incontext", None,
      "incontext-gpt-tiny.shakespeare"),
-    ("hybrid-elita-conv1 (3 ELiTA + 1 softmax block)", "long-context language models: fast decoding",
+    ("hybrid-elita-conv1 (3 ELiTA + 1 softmax block)", "recall and induction, fast decoding; not long text",
      "hybrid-elita-gpt-tiny:conv1", None, "hybrid-elita-conv1-gpt-tiny", "hybrid-elita-conv1-gpt-tiny.shakespeare"),
     ("hybrid-micro-conv (3 micro + 1 softmax block)", "induction and copying at every length",
      "hybrid-micro-gpt-tiny:conv", None, "hybrid-micro-conv-gpt-tiny", "hybrid-micro-conv-gpt-tiny.warpeace"),

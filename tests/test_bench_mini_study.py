@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO))
 pytestmark = pytest.mark.bench
 
 
-def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds: float):
+def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds: float, resumed: bool = False):
     """A small model of the named mini architecture saved as `zoo fit` exports it: weights, and a config with the
     metrics and the training record the exporter writes."""
     import zoo
@@ -23,7 +23,8 @@ def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds:
     model.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     config["metrics"] = {"val/loss": val_loss}
-    config["training"] = {"command": f"zoo fit --config recipes/{folder.name}.yaml", "seconds": seconds,
+    command = f"zoo fit --config recipes/{folder.name}.yaml" + (" --ckpt_path last" if resumed else "")
+    config["training"] = {"command": command, "seconds": seconds,
                           "threads": 1, "precision": "bf16-mixed",
                           # as LongContextText records it: a file by its name, the standard library as a path
                           "data": {"init_args": {"path": "stdlib", "context_length": 2048}} if data_path == "stdlib"
@@ -46,7 +47,7 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
 
     warpeace, stdlib = tmp_path / "gpt-mini.warpeace", tmp_path / "elita-gpt-mini.stdlib"
     params = _release(warpeace, "gpt-mini", "warpeace/warpeace_input.txt", 1.23456, 7200.0)
-    _release(stdlib, "elita-gpt-mini", "stdlib", 1.5, 3600.0)
+    _release(stdlib, "elita-gpt-mini", "stdlib", 1.5, 3600.0, resumed=True)
     texts = {"warpeace": tmp_path / "long.json", "stdlib": tmp_path / "long_stdlib.json"}
     texts["warpeace"].write_text(json.dumps({"runs": {"gpt-mini.warpeace": _scored(0.2, 2.5, None)}}))
     texts["stdlib"].write_text(json.dumps({"runs": {"elita-gpt-mini.stdlib": _scored(0.1, 0.01, 1.7)}}))
@@ -77,7 +78,9 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
                         f"{tiny['metrics']['val/loss']:.3f} | 1.500 | 1.300 | +0.200 met | +2.500 **not met** | - | "
                         "2.00 (1 thread, bf16-mixed) |")
     assert lines[3].startswith("| `elita-gpt-mini` | Python stdlib |")
-    assert "| +0.100 **not met** | +0.010 met | 1.7000 | 1.00 (1 thread, bf16-mixed) |" in lines[3]
+    # a resumed run's seconds are the resumed part's: its hours say so
+    assert lines[3].endswith("| +0.100 **not met** | +0.010 met | 1.7000 | 1.00 (1 thread, bf16-mixed; the resumed "
+                             "part only) |")
 
 
 def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
