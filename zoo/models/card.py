@@ -160,7 +160,11 @@ def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
     lines += ["## Results", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",
-                  f"Measured at export in float32, on the run's best checkpoint by {_selection(training)}. "
+                  # a release rounded to a smaller dtype to fit the size limit is measured again on what it stores
+                  (f"Measured in float32 on the weights as stored ({training['weights_dtype']}, rounded from the "
+                   f"float32 ones of the run's best checkpoint by {_selection(training)}). "
+                   if training.get("weights_dtype") else
+                   f"Measured at export in float32, on the run's best checkpoint by {_selection(training)}. ") +
                   "To measure them again and compare with this card:", "",
                   f"```\n{CHECK_COMMAND.format(name=source)}\n```", ""]
         if training.get("target"):

@@ -199,9 +199,10 @@ def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, d
 
 
 # The wheel carries the tiny checkpoints, 0.2 to 4 MB each (pyproject.toml's package-data names "*-tiny.*"); the
-# mini size's, 16 to 23 MB each, would take it past PyPI's 100 MB a file, so they stay in the source repository's
-# checkpoints/, where a clone's zoo.load finds them as it finds the others. Named here so that an installed zoo
-# can say where they are (tests/test_checkpoints.py holds this list to the folders).
+# mini size's, 8 MB and more each even with their weights in bfloat16, would take it past PyPI's 100 MB a file, so
+# they stay in the source repository's checkpoints/, where a clone's zoo.load finds them as it finds the others.
+# Named here so that an installed zoo can say where they are (tests/test_checkpoints.py holds this list to the
+# folders).
 IN_REPOSITORY_ONLY = ("elita-gpt-mini.warpeace",)
 
 
@@ -234,7 +235,7 @@ def checkpoint_folder(name_tag: str) -> Path:
                          f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
     tag = tag or (default if default in tags else (tags or elsewhere)[0])
     if tag in elsewhere:
-        raise ValueError(f"{name}.{tag}: not in the wheel (16 to 23 MB a checkpoint) but in the source repository's "
+        raise ValueError(f"{name}.{tag}: not in the wheel (too large for it) but in the source repository's "
                          f"checkpoints/ folder; from a clone, zoo.load finds it by name, or pass the release folder")
     if tag not in tags:
         available = tags + [f"{t} (in the source repository)" for t in elsewhere]
