@@ -108,8 +108,8 @@ def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
         assert f"| {metric} | {value} |" in card
     if training["data"].get("hub_id"):
         assert f"datasets:\n- {training['data']['hub_id']}" in card
-    header = json.loads((folder / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
-        (folder / "model.safetensors").read_bytes()[:8], "little")])
+    with open(folder / "model.safetensors", "rb") as file:  # the header alone: its length, then its JSON
+        header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
     dtypes = {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
     if training.get("weights_dtype"):  # rounded to fit: the card says its metrics are measured on what is stored
         assert dtypes == {"BF16"} and training["weights_dtype"] == "bfloat16"
