@@ -4,6 +4,8 @@
     python bench/attention.py --quick    # lengths up to 4k, for a smoke test
     python bench/attention.py --mechanisms window gla deltanet ssd incontext --lengths 4096 16384 \
         --out attention_yardsticks      # the training step alone, for these beside causal SDPA (about 5 minutes)
+    python bench/attention.py --mechanisms gla deltanet ssd --lengths 4096 16384 --growth \
+        --out attention_yardsticks_growth   # and their growth from the first length to the last (about 10 minutes)
 
 Every forward+backward measurement runs in a fresh process so that its peak resident
 memory (above the process's memory before the measurement) is its own. Ratios are
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -106,8 +109,9 @@ def train_step(layer, x: torch.Tensor, autocast):
     return run
 
 
-def interleaved_ms(layer, lengths: list[int], autocast, rounds: int = 9) -> dict:
-    """Median forward+backward milliseconds at each length, taking turns in one process.
+def interleaved_ms(layer, lengths: list[int], autocast, rounds: int = 9) -> tuple[dict, dict]:
+    """Median forward+backward milliseconds at each length, taking turns in one process, and the median number
+    of minor page faults (memory the kernel had to hand over afresh) in one timed call.
 
     For the growth ratio t(64k) / t(4k): the 4k time alone varies by up to 40% from one
     process to the next here, so its ratio to a 64k time from another process is mostly
@@ -117,13 +121,17 @@ def interleaved_ms(layer, lengths: list[int], autocast, rounds: int = 9) -> dict
     """
     runs = {n: train_step(layer, torch.randn(1, n, DIM, requires_grad=True), autocast) for n in lengths}
     times = {n: [] for n in lengths}
+    faults = {n: [] for n in lengths}
     for _ in range(rounds):
         for n, run in runs.items():
             run()
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             run()
             times[n].append(time.perf_counter() - start)
-    return {str(n): statistics.median(t) * 1e3 for n, t in times.items()}
+            faults[n].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return ({str(n): statistics.median(t) * 1e3 for n, t in times.items()},
+            {str(n): statistics.median(f) for n, f in faults.items()})
 
 
 def worker(job: dict) -> dict:
@@ -140,7 +148,8 @@ def worker(job: dict) -> dict:
         return {**job, "ms_per_token": decode_ms_per_token(layer, job["contexts"], autocast)}
 
     if kind == "growth":
-        return {**job, "ms": interleaved_ms(layer, job["lengths"], autocast)}
+        ms, faults = interleaved_ms(layer, job["lengths"], autocast, job.get("rounds", 9))
+        return {**job, "ms": ms, "page_faults": faults}
 
     x = torch.randn(1, n, DIM, requires_grad=kind == "train")
     base = current_rss_mb()
@@ -152,6 +161,30 @@ def worker(job: dict) -> dict:
                 layer(x, return_alpha=job.get("alpha", False))
     seconds = timeit(run)
     return {**job, "ms": seconds * 1e3, "peak_mb": peak_rss_mb() - base}
+
+
+def growth_rows(script: str, mechanisms, dtypes, short: int, long: int) -> list[dict]:
+    """Growth t(long) / t(short): both lengths timed in turn in one process, in GROWTH_PROCESSES processes;
+    then again with glibc told to keep freed memory, to show what the allocator adds. Each row also gives the
+    median page faults of one call at each length (of the median process by growth)."""
+    rows = []
+    for allocator, env in (("glibc default", None), ("glibc, freed memory kept", KEEP_FREED_MEMORY)):
+        for dtype in dtypes:
+            for name in mechanisms:
+                job = {"mechanism": name, "length": long, "dtype": dtype, "kind": "growth", "lengths": [short, long]}
+                runs = []
+                for _ in range(GROWTH_PROCESSES):
+                    result = in_subprocess(script, job, env=env)
+                    ms = result.get("ms", {})
+                    if str(short) in ms and str(long) in ms:
+                        runs.append((ms[str(long)] / ms[str(short)], result["page_faults"]))
+                runs.sort(key=lambda r: r[0])
+                row = {"mechanism": name, "dtype": dtype, "allocator": allocator, "ratios": [r[0] for r in runs],
+                       "growth": statistics.median(r[0] for r in runs) if runs else None,
+                       "page_faults": runs[len(runs) // 2][1] if runs else None}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
 
 
 def softmax_one_rows(sizes) -> list[dict]:
@@ -178,6 +211,9 @@ def main() -> None:
     parser.add_argument("--mechanisms", nargs="+", metavar="NAME",
                         help="only the training step of these (causal SDPA's measured beside them), to --out")
     parser.add_argument("--lengths", nargs="+", type=int, metavar="N", help="with --mechanisms: the lengths")
+    parser.add_argument("--growth", action="store_true",
+                        help="with --mechanisms: also their growth from the first length to the last, with glibc's "
+                             "allocator as it comes and told to keep freed memory")
     parser.add_argument("--out", default="attention", help="the results' name: bench/results/OUT.json")
     args = parser.parse_args()
     if args.worker:
@@ -191,8 +227,10 @@ def main() -> None:
             parser.error(f"unknown mechanism(s) {unknown}; expected some of {sorted(A.MECHANISMS)}")
         if args.out == "attention":
             parser.error("--mechanisms measures a part only: name its own --out, not the whole run's attention")
-    elif args.lengths:
-        parser.error("--lengths goes with --mechanisms")
+        if args.growth and (not args.lengths or len(args.lengths) < 2):
+            parser.error("--growth needs --lengths with two or more lengths (the first and the last are compared)")
+    elif args.lengths or args.growth:
+        parser.error("--lengths and --growth go with --mechanisms")
 
     script = str(Path(__file__).resolve())
     lengths = args.lengths or ([256, 1024, 4096] if args.quick else [256, 1024, 4096, 8192, 16384, 65536])
@@ -218,27 +256,17 @@ def main() -> None:
     if args.mechanisms:
         print_table("forward+backward, batch 1, 4 heads of 64", train,
                     ["mechanism", "length", "dtype", "ms", "peak_mb", "vs_causal_sdpa", "skipped", "error"])
-        print(f"\nwrote {write_json(args.out, {'cpu_flags': cpu_flags(), 'train': train})}")
+        payload = {"cpu_flags": cpu_flags(), "train": train}
+        if args.growth:
+            payload["growth"] = growth_rows(script, [m for m in mechanisms if m != "softmax"], ("fp32",),
+                                            lengths[0], lengths[-1])
+            print_table(f"growth t({lengths[-1]}) / t({lengths[0]}), interleaved in one process, median of "
+                        f"{GROWTH_PROCESSES} processes", payload["growth"],
+                        ["mechanism", "dtype", "allocator", "growth", "page_faults"])
+        print(f"\nwrote {write_json(args.out, payload)}")
         return
 
-    # Growth t(64k) / t(4k): both lengths timed in turn in one process, in five processes;
-    # then again with glibc told to keep freed memory, to show what the allocator adds.
-    growth = []
-    if 65536 in lengths:
-        for allocator, env in (("glibc default", None), ("glibc, freed memory kept", KEEP_FREED_MEMORY)):
-            for dtype in ("fp32", "bf16"):
-                for name in ("micro", "elita"):
-                    job = {"mechanism": name, "length": 65536, "dtype": dtype, "kind": "growth",
-                           "lengths": [4096, 65536]}
-                    ratios = []
-                    for _ in range(GROWTH_PROCESSES):
-                        ms = in_subprocess(script, job, env=env).get("ms", {})
-                        if "4096" in ms and "65536" in ms:
-                            ratios.append(ms["65536"] / ms["4096"])
-                    row = {"mechanism": name, "dtype": dtype, "allocator": allocator, "ratios": ratios,
-                           "growth": statistics.median(ratios) if ratios else None}
-                    growth.append(row)
-                    print(json.dumps(row), flush=True)
+    growth = growth_rows(script, ("micro", "elita"), ("fp32", "bf16"), 4096, 65536) if 65536 in lengths else []
 
     fused_memory = []
     for n in ([1024, 4096] if args.quick else [1024, 4096, 16384]):

@@ -31,10 +31,31 @@ def test_some_mechanisms_beside_causal_sdpa_in_one_run(tmp_path, monkeypatch):
         assert row["ms"] > 0 and row["vs_causal_sdpa"] == pytest.approx(row["ms"] / base)
 
 
+def test_growth_rows_with_both_allocators_and_their_page_faults(tmp_path, monkeypatch):
+    import bench.common
+    from bench import attention
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    monkeypatch.setattr(attention, "GROWTH_PROCESSES", 3)
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--mechanisms", "ssd", "--lengths", "32", "128", "--growth",
+                                      "--out", "attention_part"])
+    attention.main()
+    growth = json.loads((tmp_path / "attention_part.json").read_text())["growth"]
+    assert [(r["mechanism"], r["dtype"], r["allocator"]) for r in growth] == [
+        ("ssd", "fp32", "glibc default"), ("ssd", "fp32", "glibc, freed memory kept")]  # not softmax's
+    for row in growth:
+        assert len(row["ratios"]) == 3 and row["ratios"] == sorted(row["ratios"])
+        assert row["growth"] == row["ratios"][1]  # the median of three
+        assert set(row["page_faults"]) == {"32", "128"}
+        assert all(isinstance(f, int) and f >= 0 for f in row["page_faults"].values())
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--mechanisms", "nope", "--out", "x"], r"unknown mechanism\(s\) \['nope'\]; expected some of \["),
     (["--mechanisms", "gla"], "measures a part only: name its own --out"),
-    (["--lengths", "64"], "--lengths goes with --mechanisms"),
+    (["--lengths", "64"], "--lengths and --growth go with --mechanisms"),
+    (["--growth"], "--lengths and --growth go with --mechanisms"),
+    (["--mechanisms", "gla", "--lengths", "64", "--growth", "--out", "x"], "--growth needs --lengths with two"),
 ])
 def test_a_bad_request_gets_one_line(argv, expected):
     out = subprocess.run([sys.executable, str(REPO / "bench" / "attention.py"), *argv], capture_output=True,
