@@ -26,7 +26,7 @@ if [ ${#recipes[@]} -eq 0 ]; then
            elita-gpt-tiny.warpeace-alibi micro-gpt-tiny.warpeace-alibi hybrid-elita-gpt-tiny.warpeace
            hybrid-micro-gpt-tiny.warpeace hybrid-micro-conv-gpt-tiny.warpeace
            deltanet-gpt-tiny.warpeace gla-gpt-tiny.warpeace window-gpt-tiny.warpeace ssd-gpt-tiny.warpeace
-           elita-gpt-mini.warpeace)
+           elita-gpt-mini.warpeace elita-gpt-mini.stdlib)
 fi
 for recipe in "${recipes[@]}"; do
   if [[ $recipe == *shakespeare ]]; then

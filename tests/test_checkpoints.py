@@ -40,7 +40,7 @@ PLANNED = ["micro-vit-tiny.mnist", "vit-tiny.mnist", "quiet-vit-tiny.mnist", "fu
            "deltanet-gpt-tiny.warpeace", "gla-gpt-tiny.warpeace", "window-gpt-tiny.warpeace", "ssd-gpt-tiny.warpeace",
            # issue 108: the mini size's runs that met both long-context targets (docs/capabilities/mini.md); kept
            # in the repository, out of the wheel
-           "elita-gpt-mini.warpeace"]
+           "elita-gpt-mini.warpeace", "elita-gpt-mini.stdlib"]
 IN_WHEEL = [n for n in PLANNED if "-mini." not in n]
 
 
@@ -54,13 +54,16 @@ def test_a_checkpoint_kept_out_of_the_wheel_is_refused_saying_where_it_is(monkey
     import zoo.models.registry as registry
 
     monkeypatch.setattr(registry, "checkpoint_roots", lambda: [])  # as an installed wheel without the mini folders
-    for asked in ("elita-gpt-mini.warpeace", "elita-gpt-mini"):
-        with pytest.raises(ValueError, match=r"^elita-gpt-mini\.warpeace: not in the wheel .* source repository's "
+    # without a tag, the mini models' default (War and Peace), though the standard library's sorts first
+    for asked, folder in (("elita-gpt-mini.warpeace", "warpeace"), ("elita-gpt-mini", "warpeace"),
+                          ("elita-gpt-mini.stdlib", "stdlib")):
+        with pytest.raises(ValueError, match=rf"^elita-gpt-mini\.{folder}: not in the wheel .* source repository's "
                                              r"checkpoints/ folder"):
             zoo.load(asked)
     with pytest.raises(ValueError, match="no pretrained weights are shipped for 'gpt-mini'"):  # none anywhere
         zoo.load("gpt-mini")
-    with pytest.raises(ValueError, match=r"tagged 'shakespeare'; available: warpeace \(in the source repository\)$"):
+    with pytest.raises(ValueError, match=r"tagged 'shakespeare'; available: warpeace \(in the source repository\), "
+                                         r"stdlib \(in the source repository\)$"):
         registry.checkpoint_folder("elita-gpt-mini.shakespeare")
     monkeypatch.undo()  # in this checkout, where it is
     assert registry.checkpoint_folder("elita-gpt-mini") == REPO / "checkpoints" / "elita-gpt-mini.warpeace"
@@ -106,6 +109,8 @@ def test_shipped_checkpoint_is_complete_and_its_card_honest(folder):
     assert f"zoo check {folder.name}" in card and training["command"] in card
     for metric, value in config["metrics"].items():  # the card's table is the measured metrics, nothing else
         assert f"| {metric} | {value} |" in card
+    if training["data"].get("source"):  # a text read from no file (the standard library's) names where it was read
+        assert f"{training['data']['name']} ({training['data']['source']}): " in card
     if training["data"].get("hub_id"):
         assert f"datasets:\n- {training['data']['hub_id']}" in card
     with open(folder / "model.safetensors", "rb") as file:  # the header alone: its length, then its JSON

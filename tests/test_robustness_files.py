@@ -443,3 +443,23 @@ def test_bytes_from_two_processes_at_once_leave_one_whole_file_and_a_wrong_type_
     with pytest.raises(TypeError, match="bytes-like"):  # text where bytes belong: the file there stays as it was
         atomic.write_bytes_atomic(path, "text")
     assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["picture.png"]
+
+
+def test_check_refuses_a_standard_library_release_on_another_pythons_text(tmp_path):
+    # the standard library differs between Python versions: measured on another's, a card's figures would not
+    # come back, through no fault of the weights
+    folder = tmp_path / "elita-gpt-mini.stdlib"
+    zoo.create("elita-gpt-mini", embed_dim=32, depth=1, num_heads=2).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["metrics"] = {"val/loss": 1.2}
+    config["training"] = {"command": "zoo fit --config recipes/elita-gpt-mini.stdlib.yaml", "data": {
+        "name": "Python standard library source", "source": "734 .py files of /opt/python3.11.0/lib/python3.11",
+        "class_path": "zoo.data.sequences.LongContextText",
+        "init_args": {"path": "stdlib", "context_length": 64, "batch_size": 4, "val_windows": 2},
+        "splits": "first 10 characters training, last 2 validation and test (character tokenizer, 5 tokens)"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match=r"^zoo check: error: elita-gpt-mini.stdlib was measured on 734 .py files of "
+                                         r"/opt/python3.11.0/lib/python3.11 \(first 10 characters .*\); this Python's "
+                                         r"standard library is another text \(first [\d,]+ characters.*\): check it "
+                                         r"with that Python$"):
+        main(["check", str(folder), "--data-root", str(tmp_path)])

@@ -83,7 +83,10 @@ def _selection(training: dict) -> str:
 
 def _usage(name: str, config: dict) -> str:
     if _family(config) == "text":
-        return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("ROMEO:", max_new_tokens=200, seed=0))'
+        # a prompt in the training text's own kind: Python source for the standard library's models
+        data = ((config.get("training") or {}).get("data") or {}).get("init_args") or {}
+        prompt = "def " if data.get("path") == "stdlib" else "ROMEO:"
+        return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("{prompt}", max_new_tokens=200, seed=0))'
     shape = ", ".join(map(str, _input_shape(config)))
     return (f'import torch, zoo\nmodel = zoo.load("{name}")\n'
             f'x = torch.rand({shape})  # stands for your input: an image file, a PIL image, an array or a tensor\n'
@@ -156,7 +159,9 @@ def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
                 "(Configuration below)")
         lines += [f"Fine-tuned from `{config['base_model']}`: {kept}.", ""]
     if data:
-        lines += ["## Data", "", f"{data['name']}: {data['splits']}.", ""]
+        # a text without a file (the standard library's source) names where it was read, which differs by Python
+        origin = f" ({data['source']})" if data.get("source") else ""
+        lines += ["## Data", "", f"{data['name']}{origin}: {data['splits']}.", ""]
     lines += ["## Results", ""]
     if metrics:
         lines += ["| metric | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(metrics.items())], "",

@@ -203,7 +203,7 @@ def build(cls: type[nn.Module], args: dict, max_parameters: int | None = None, d
 # they stay in the source repository's checkpoints/, where a clone's zoo.load finds them as it finds the others.
 # Named here so that an installed zoo can say where they are (tests/test_checkpoints.py holds this list to the
 # folders).
-IN_REPOSITORY_ONLY = ("elita-gpt-mini.warpeace",)
+IN_REPOSITORY_ONLY = ("elita-gpt-mini.warpeace", "elita-gpt-mini.stdlib")
 
 
 def checkpoint_roots() -> list[Path]:
@@ -233,7 +233,7 @@ def checkpoint_folder(name_tag: str) -> Path:
     if not tags and not elsewhere:
         raise ValueError(f"no pretrained weights are shipped for {name!r}; zoo.create({name!r}) builds it with "
                          f"random weights, `zoo.list_models(pretrained=True)` lists those with weights")
-    tag = tag or (default if default in tags else (tags or elsewhere)[0])
+    tag = tag or (default if default in tags + elsewhere else (tags or elsewhere)[0])
     if tag in elsewhere:
         raise ValueError(f"{name}.{tag}: not in the wheel (too large for it) but in the source repository's "
                          f"checkpoints/ folder; from a clone, zoo.load finds it by name, or pass the release folder")

@@ -588,10 +588,13 @@ for attention in ("gla", "deltanet", "ssd"):
 # one short convolution (its softmax block last) and the yardstick that led the tiny tables (SSD: the best
 # tiny-shakespeare loss and MQAR recall of the four).
 MINI = dict(context_length=2048, embed_dim=256, depth=6, num_heads=4)
-register("gpt-mini", "text", TextTransformer, attention="softmax", pos_embed="rope", **MINI)
-register("elita-gpt-mini", "text", TextTransformer, attention="elita", pos_embed="none", mlp="ffn2",
-         attention_options={"pos_dim": 0, "positions": "alibi"}, **MINI)
-register("incontext-gpt-mini", "text", TextTransformer, attention="incontext", pos_embed="none", **MINI)
-register("hybrid-elita-conv1-gpt-mini", "text", TextTransformer, attention=_hybrid("elita", MINI["depth"]),
-         pos_embed="none", mlp="ffn2", short_conv=[4] + [0] * (MINI["depth"] - 1), **MINI)
-register("ssd-gpt-mini", "text", TextTransformer, attention="ssd", pos_embed="none", **MINI)
+MINI_TAG = "warpeace"  # each trains on War and Peace and on the standard library: the book is the default
+register("gpt-mini", "text", TextTransformer, default_tag=MINI_TAG, attention="softmax", pos_embed="rope", **MINI)
+register("elita-gpt-mini", "text", TextTransformer, default_tag=MINI_TAG, attention="elita", pos_embed="none",
+         mlp="ffn2", attention_options={"pos_dim": 0, "positions": "alibi"}, **MINI)
+register("incontext-gpt-mini", "text", TextTransformer, default_tag=MINI_TAG, attention="incontext",
+         pos_embed="none", **MINI)
+register("hybrid-elita-conv1-gpt-mini", "text", TextTransformer, default_tag=MINI_TAG,
+         attention=_hybrid("elita", MINI["depth"]), pos_embed="none", mlp="ffn2",
+         short_conv=[4] + [0] * (MINI["depth"] - 1), **MINI)
+register("ssd-gpt-mini", "text", TextTransformer, default_tag=MINI_TAG, attention="ssd", pos_embed="none", **MINI)

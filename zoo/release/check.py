@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from zoo.data.sequences import STDLIB
 from zoo.models.pretrained import load
 from zoo.models.registry import checkpoint_roots
 from zoo.models.release_files import CONFIG, WEIGHTS, is_release_folder
@@ -74,6 +75,13 @@ def prepared_data(folder: str | os.PathLike, data_root: str | os.PathLike):
         name = ((config.get("training") or {}).get("data") or {}).get("name") or "its"
         raise FileNotFoundError(f"{Path(folder).name}: the {name} data is not under the data root {data_root}; "
                                 "give --data-root the folder that holds it (zoo check never downloads)") from None
+    data = (config.get("training") or {}).get("data") or {}
+    if data.get("init_args", {}).get("path") == STDLIB and datamodule.describe()["splits"] != data.get("splits"):
+        # the standard library differs between Python versions: another one's text would give other figures, a
+        # failed check that is no fault of the weights
+        raise ValueError(f"{Path(folder).name} was measured on {data.get('source')} ({data.get('splits')}); this "
+                         f"Python's standard library is another text ({datamodule.describe()['splits']}): check it "
+                         "with that Python")
     return config, datamodule
 
 
