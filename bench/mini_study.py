@@ -59,6 +59,16 @@ def tiny_figure(model: str, text: str) -> dict | None:
             "source": f"capability suite, test loss, mean of {len(losses)} seed{'s' * (len(losses) > 1)}"}
 
 
+def has_amx(training: dict) -> bool | None:
+    """Whether the CPU a run trained on has AMX (Intel's matrix units, which make bf16 training several times
+    faster than avx512_bf16 alone), as `precision: auto` recorded its flags; None where the run did not record them."""
+    reason = training.get("precision_reason") or ""
+    if "CPU flags:" not in reason:
+        return None
+    flags = reason.split("CPU flags:", 1)[1].strip()
+    return not flags.startswith("none of") and "amx_bf16" in flags.rstrip(")").split()
+
+
 def record(folder: Path) -> dict:
     """One mini release's row: what its folder records, its loss by position, and its tiny form's figure."""
     import zoo
@@ -102,6 +112,7 @@ def record(folder: Path) -> dict:
         "resumed": "--ckpt_path" in training["command"].split(),
         "threads": training.get("threads"),
         "precision": training.get("precision"),
+        "amx": has_amx(training),
         "command": training["command"],
         "first": round(loss["0-64"], 4),
         "second_half": round(loss[half], 4),
@@ -110,6 +121,9 @@ def record(folder: Path) -> dict:
         "at_64x": round(far, 4) if far is not None else None,
         "tiny": tiny_figure(model_name, text),
     }
+
+
+CPU = {True: ", AMX", False: ", no AMX"}  # a row without the record (None) says nothing of its CPU
 
 
 def table(results: dict) -> list[str]:
@@ -128,7 +142,7 @@ def table(results: dict) -> list[str]:
                      f"{r['first']:.3f} | {r['second_half']:.3f} | "
                      f"{r['gain']:+.3f} {'met' if r['gain_met'] else '**not met**'} | {rise} | {far} | "
                      f"{r['hours']:.2f} ({r['threads']} thread{'s' * (r['threads'] != 1)}, {r['precision']}"
-                     f"{'; the resumed part only' if r.get('resumed') else ''}) |")
+                     f"{CPU.get(r.get('amx'), '')}{'; the resumed part only' if r.get('resumed') else ''}) |")
     return lines
 
 

@@ -14,7 +14,8 @@ sys.path.insert(0, str(REPO))
 pytestmark = pytest.mark.bench
 
 
-def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds: float, resumed: bool = False):
+def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds: float, resumed: bool = False,
+             flags: str | None = None):
     """A small model of the named mini architecture saved as `zoo fit` exports it: weights, and a config with the
     metrics and the training record the exporter writes."""
     import zoo
@@ -26,6 +27,9 @@ def _release(folder: Path, model: str, data_path: str, val_loss: float, seconds:
     command = f"zoo fit --config recipes/{folder.name}.yaml" + (" --ckpt_path last" if resumed else "")
     config["training"] = {"command": command, "seconds": seconds,
                           "threads": 1, "precision": "bf16-mixed",
+                          # as precision auto records the CPU it measured
+                          **({"precision_reason": f"auto: a bf16 matrix product ran 3.56x (...; CPU flags: {flags})"}
+                             if flags else {}),
                           # as LongContextText records it: a file by its name, the standard library as a path
                           "data": {"init_args": {"path": "stdlib", "context_length": 2048}} if data_path == "stdlib"
                           else {"file": data_path, "init_args": {"context_length": 2048}}}
@@ -47,7 +51,7 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
 
     warpeace, stdlib = tmp_path / "gpt-mini.warpeace", tmp_path / "elita-gpt-mini.stdlib"
     params = _release(warpeace, "gpt-mini", "warpeace/warpeace_input.txt", 1.23456, 7200.0)
-    _release(stdlib, "elita-gpt-mini", "stdlib", 1.5, 3600.0, resumed=True)
+    _release(stdlib, "elita-gpt-mini", "stdlib", 1.5, 3600.0, resumed=True, flags="avx2 avx512f amx_bf16 amx_tile")
     texts = {"warpeace": tmp_path / "long.json", "stdlib": tmp_path / "long_stdlib.json"}
     texts["warpeace"].write_text(json.dumps({"runs": {"gpt-mini.warpeace": _scored(0.2, 2.5, None)}}))
     texts["stdlib"].write_text(json.dumps({"runs": {"elita-gpt-mini.stdlib": _scored(0.1, 0.01, 1.7)}}))
@@ -79,8 +83,9 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
                         "2.00 (1 thread, bf16-mixed) |")
     assert lines[3].startswith("| `elita-gpt-mini` | Python stdlib |")
     # a resumed run's seconds are the resumed part's: its hours say so
-    assert lines[3].endswith("| +0.100 **not met** | +0.010 met | 1.7000 | 1.00 (1 thread, bf16-mixed; the resumed "
-                             "part only) |")
+    assert lines[3].endswith("| +0.100 **not met** | +0.010 met | 1.7000 | 1.00 (1 thread, bf16-mixed, AMX; the "
+                             "resumed part only) |")
+    assert (runs["gpt-mini.warpeace"]["amx"], row["amx"]) == (None, True)  # unrecorded says nothing
 
 
 def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
@@ -109,6 +114,18 @@ def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monk
     assert not out.exists()  # nothing written for a refused run
     with pytest.raises(SystemExit, match="holds no runs to show"):
         mini_study.main(["--table", "--out", str(out)])
+
+
+@pytest.mark.parametrize("reason, expected", [
+    ("auto: ... 3.56x ... CPU flags: avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8)", True),
+    ("auto: ... 2.38x ... CPU flags: avx2 avx512f avx512_bf16 avx512_vnni)", False),
+    ("auto: ... CPU flags: none of avx2 avx512f avx512_bf16 amx_bf16)", False),  # named as absent, not present
+    (None, None),
+])
+def test_amx_is_read_from_the_flags_precision_auto_recorded(reason, expected):
+    from bench import mini_study
+
+    assert mini_study.has_amx({"precision_reason": reason}) is expected
 
 
 def test_the_mini_page_table_is_the_scripts():
