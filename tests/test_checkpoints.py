@@ -240,5 +240,10 @@ def test_shipped_metrics_measure_again_within_tolerance(folder):
     if root is None:
         pytest.skip("needs the shared data folder (ZOO_DATA)")
     torch.set_num_threads(2)
-    rows = check(folder, root)
+    try:
+        rows = check(folder, root)
+    except ValueError as e:  # a standard-library checkpoint, on a Python whose library is another text
+        if "this Python's standard library is another text" not in str(e):
+            raise
+        pytest.skip(str(e))
     assert rows and all(r["ok"] for r in rows), rows
