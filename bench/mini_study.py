@@ -62,8 +62,8 @@ def tiny_figure(model: str, text: str) -> dict | None:
 def has_amx(training: dict) -> bool | None:
     """Whether the CPU a run trained on has AMX (Intel's matrix units, which make bf16 training several times
     faster than avx512_bf16 alone), as `precision: auto` recorded its flags; None where the run did not record them."""
-    reason = training.get("precision_reason") or ""
-    if "CPU flags:" not in reason:
+    reason = training.get("precision_reason")
+    if not isinstance(reason, str) or "CPU flags:" not in reason:
         return None
     flags = reason.split("CPU flags:", 1)[1].strip()
     return not flags.startswith("none of") and "amx_bf16" in flags.rstrip(")").split()

@@ -50,6 +50,20 @@ def test_growth_rows_with_both_allocators_and_their_page_faults(tmp_path, monkey
         assert all(isinstance(f, int) and f >= 0 for f in row["page_faults"].values())
 
 
+def test_growth_too_large_for_memory_is_skipped_saying_so(tmp_path, monkeypatch):
+    import bench.common
+    from bench import attention
+
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    monkeypatch.setattr(attention, "MEMORY_LIMIT_GB", 0)  # every length too large: nothing may be run
+    monkeypatch.setattr(attention, "in_subprocess", lambda *a, **k: pytest.fail("ran a job over the memory limit"))
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--mechanisms", "ssd", "--lengths", "32", "10000000",
+                                      "--growth", "--out", "attention_part"])
+    attention.main()
+    results = json.loads((tmp_path / "attention_part.json").read_text())
+    assert all("skipped" in r for r in results["train"] + results["growth"]) and len(results["growth"]) == 2
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--mechanisms", "nope", "--out", "x"], r"unknown mechanism\(s\) \['nope'\]; expected some of \["),
     (["--mechanisms", "gla"], "measures a part only: name its own --out"),

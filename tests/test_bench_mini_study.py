@@ -121,6 +121,7 @@ def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monk
     ("auto: ... 2.38x ... CPU flags: avx2 avx512f avx512_bf16 avx512_vnni)", False),
     ("auto: ... CPU flags: none of avx2 avx512f avx512_bf16 amx_bf16)", False),  # named as absent, not present
     (None, None),
+    (42, None),  # a config zoo did not write: no record, not a traceback
 ])
 def test_amx_is_read_from_the_flags_precision_auto_recorded(reason, expected):
     from bench import mini_study

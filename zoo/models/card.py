@@ -85,7 +85,7 @@ def _usage(name: str, config: dict) -> str:
     if _family(config) == "text":
         # a prompt in the training text's own kind: Python source for the standard library's models
         data = ((config.get("training") or {}).get("data") or {}).get("init_args") or {}
-        prompt = "def " if data.get("path") == "stdlib" else "ROMEO:"
+        prompt = "def " if data.get("path") == "stdlib" else "ROMEO:"  # zoo.data's STDLIB, a floor above this one
         return f'import zoo\nmodel = zoo.load("{name}")\nprint(model.generate("{prompt}", max_new_tokens=200, seed=0))'
     shape = ", ".join(map(str, _input_shape(config)))
     return (f'import torch, zoo\nmodel = zoo.load("{name}")\n'

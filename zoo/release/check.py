@@ -76,12 +76,12 @@ def prepared_data(folder: str | os.PathLike, data_root: str | os.PathLike):
         raise FileNotFoundError(f"{Path(folder).name}: the {name} data is not under the data root {data_root}; "
                                 "give --data-root the folder that holds it (zoo check never downloads)") from None
     data = (config.get("training") or {}).get("data") or {}
-    if data.get("init_args", {}).get("path") == STDLIB and datamodule.describe()["splits"] != data.get("splits"):
+    here = datamodule.describe()["splits"] if data["init_args"].get("path") == STDLIB else None
+    if here is not None and here != data.get("splits"):
         # the standard library differs between Python versions: another one's text would give other figures, a
         # failed check that is no fault of the weights
         raise ValueError(f"{Path(folder).name} was measured on {data.get('source')} ({data.get('splits')}); this "
-                         f"Python's standard library is another text ({datamodule.describe()['splits']}): check it "
-                         "with that Python")
+                         f"Python's standard library is another text ({here}): check it with that Python")
     return config, datamodule
 
 
