@@ -108,8 +108,11 @@ def record(folder: Path) -> dict:
         "parameters": sum(p.numel() for p in zoo.load(str(folder)).parameters()),
         "val_loss": round(config["metrics"]["val/loss"], 4),
         "hours": round(training["seconds"] / 3600, 2),
-        # a run resumed from a checkpoint records the resumed part's time only
-        "resumed": "--ckpt_path" in training["command"].split(),
+        # a run resumed from a checkpoint: zoo's exporter carries the time before the resume where the checkpoint
+        # had it; an older record counted the resumed part's time only
+        "resumed": "--ckpt_path" in training["command"].split() or bool(training.get("resumed_at_step")),
+        "resumed_at_step": training.get("resumed_at_step") if training.get("seconds_before_resume") is not None
+        else None,
         "threads": training.get("threads"),
         "precision": training.get("precision"),
         "amx": has_amx(training),
@@ -124,6 +127,13 @@ def record(folder: Path) -> dict:
 
 
 CPU = {True: ", AMX", False: ", no AMX"}  # a row without the record (None) says nothing of its CPU
+
+
+def resumed(row: dict) -> str:
+    """What a resumed run's hours cover: the whole run where the export recorded the step it resumed at."""
+    if row.get("resumed_at_step"):
+        return f"; resumed at step {row['resumed_at_step']:,}"
+    return "; the resumed part only" if row.get("resumed") else ""
 
 
 def table(results: dict) -> list[str]:
@@ -142,7 +152,7 @@ def table(results: dict) -> list[str]:
                      f"{r['first']:.3f} | {r['second_half']:.3f} | "
                      f"{r['gain']:+.3f} {'met' if r['gain_met'] else '**not met**'} | {rise} | {far} | "
                      f"{r['hours']:.2f} ({r['threads']} thread{'s' * (r['threads'] != 1)}, {r['precision']}"
-                     f"{CPU.get(r.get('amx'), '')}{'; the resumed part only' if r.get('resumed') else ''}) |")
+                     f"{CPU.get(r.get('amx'), '')}{resumed(r)}) |")
     return lines
 
 

@@ -86,6 +86,16 @@ def test_a_row_is_the_folder_its_loss_by_position_and_its_tiny_form(tmp_path, mo
     assert lines[3].endswith("| +0.100 **not met** | +0.010 met | 1.7000 | 1.00 (1 thread, bf16-mixed, AMX; the "
                              "resumed part only) |")
     assert (runs["gpt-mini.warpeace"]["amx"], row["amx"]) == (None, True)  # unrecorded says nothing
+    # an export that carried the time before the resume records the step: its hours are the whole run's
+    assert mini_study.resumed({"resumed": True, "resumed_at_step": 1500}) == "; resumed at step 1,500"
+    assert mini_study.record(stdlib)["resumed_at_step"] is None  # an older record: its hours are the resumed part's
+    config = json.loads((stdlib / "config.json").read_text())
+    for before, step in ((1800.0, 1500), (None, None)):  # where the checkpoint carried the time before, or did not
+        config["training"].update(resumed_at_step=1500, seconds_before_resume=before)
+        (stdlib / "config.json").write_text(json.dumps(config))
+        assert (mini_study.record(stdlib)["resumed"], mini_study.record(stdlib)["resumed_at_step"]) == (True, step)
+    assert mini_study.resumed({"resumed": True, "resumed_at_step": None}) == "; the resumed part only"
+    assert mini_study.resumed({"resumed": False, "resumed_at_step": None}) == ""
 
 
 def test_what_is_not_a_scored_mini_release_is_refused_in_one_line(tmp_path, monkeypatch, capsys):

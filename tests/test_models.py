@@ -102,6 +102,21 @@ def test_card_is_written_from_config_alone(tmp_path):
     (folder / "README.md").write_text("stale")
     rewrite_card(folder)
     assert (folder / "README.md").read_text() == card
+    # a resumed run: the exporter's record of the step says the time before the resume is in; without it (an
+    # older export), the card says the time counts from the resume only
+    for training, said in (({"resumed_at_step": 1500, "seconds_before_resume": 60.0},
+                             "1 thread, resumed from a checkpoint at step 1,500, the time before it included."),
+                            ({"resumed_at_step": 1500, "seconds_before_resume": None},  # a checkpoint without it
+                             "1 thread, counted from the resume at step 1,500 only: the time before it was not "
+                             "recorded."),
+                            ({"command": "zoo fit --config recipes/x.yaml --ckpt_path last"},
+                             "1 thread, counted from the resume only: the time before it was not recorded.")):
+        config = json.loads((folder / "config.json").read_text())
+        config["training"] = {**{k: v for k, v in config["training"].items()
+                                 if k not in ("resumed_at_step", "seconds_before_resume")}, **training}
+        (folder / "config.json").write_text(json.dumps(config))
+        rewrite_card(folder)
+        assert said in (folder / "README.md").read_text()
     from zoo.models.card import _target
 
     assert _target("test/auroc >= 0.83", {"test/auroc": 0.824}).endswith("**missed** by 0.60 points (0.824).")

@@ -409,6 +409,45 @@ def test_timeline_counts_training_time_across_a_resume(tmp_path):
     assert time_to(path, "val/loss", lines[0]["metrics"]["val/loss"], higher_is_better=False) == lines[0]
 
 
+def test_a_resumed_runs_export_reports_its_whole_training_time(tmp_path):
+    """The release a resumed run exports counts the time trained before the resume (carried in the checkpoint),
+    and says at which step it resumed; before, it counted from the resume only and under-reported the run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from zoo.release.callback import ExportRelease
+
+    def fit(epochs, ckpt_path=None):
+        L.seed_everything(0)
+        dm = Digits(batch_size=64)
+        task = ClassificationTask("vit-tiny", {"depth": 1, "patch_size": 2, "embed_dim": 32, "num_heads": 2},
+                                  data_info=dm.data_info)
+        export = ExportRelease(dirpath=str(tmp_path / f"release{epochs}"), command="zoo fit ...")
+        trainer = L.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=epochs, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                            limit_train_batches=3, limit_val_batches=1, limit_test_batches=1,
+                            callbacks=[export, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+        trainer.fit(task, dm, ckpt_path=ckpt_path)
+        return json.loads((tmp_path / f"release{epochs}" / "config.json").read_text())["training"], trainer
+
+    first, trainer = fit(1)
+    steps = trainer.global_step
+    last = tmp_path / "ckpt" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert "resumed_at_step" not in first and 0 < checkpoint["callbacks"]["ExportRelease"]["seconds"] <= first["seconds"]
+    # as if the part before the resume had taken an hour: the resumed export counts that hour and its own part
+    checkpoint["callbacks"]["ExportRelease"]["seconds"] = 3600.0
+    torch.save(checkpoint, last)
+    resumed, _ = fit(2, ckpt_path=str(last))
+    assert (resumed["resumed_at_step"], resumed["seconds_before_resume"]) == (steps, 3600.0)
+    assert 3600 < resumed["seconds"] < 3600 + 600
+    # a checkpoint that did not carry the time (written before zoo kept it): the record says so, not a whole run
+    del checkpoint["callbacks"]["ExportRelease"]
+    torch.save(checkpoint, last)
+    resumed, _ = fit(2, ckpt_path=str(last))
+    assert (resumed["resumed_at_step"], resumed["seconds_before_resume"]) == (steps, None)
+    assert resumed["seconds"] < 600
+
+
 def test_timeline_read_names_a_line_that_is_not_an_entry(tmp_path):
     from zoo.training.timeline import read
 

@@ -186,7 +186,7 @@ def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
             threads = training.get("threads")
             lines += [f"Took {training['seconds'] / 60:.1f} minutes of wall-clock time on a "
                       f"{training.get('machine', '')} CPU with {threads} thread{'s' if threads != 1 else ''}"
-                      + (f" ({', '.join(done)})." if done else "."), ""]
+                      + (f" ({', '.join(done)})" if done else "") + _resumed(training) + ".", ""]
         if training.get("precision_reason"):
             reason = training["precision_reason"].removeprefix("auto: ")
             lines += [f"`precision: auto` chose {training['precision']}: {reason}.", ""]
@@ -194,6 +194,18 @@ def model_card(model: nn.Module, name: str, config: dict, folder=None) -> str:
               "## Limitations", "", *_limitations(config, data), "",
               "## Configuration", "", f"```json\n{json.dumps(args, indent=2)}\n```", ""]
     return "\n".join(lines)
+
+
+def _resumed(training: dict) -> str:
+    """What the training time covers for a run resumed from a checkpoint: zoo's exporter carries the time trained
+    before the resume in the checkpoint; an older checkpoint, or an older export, counted the resumed part only."""
+    step = training.get("resumed_at_step")
+    if step and training.get("seconds_before_resume") is not None:
+        return f", resumed from a checkpoint at step {step:,}, the time before it included"
+    if step or "--ckpt_path" in str(training.get("command", "")).split():
+        return (", counted from the resume" + (f" at step {step:,}" if step else "") +
+                " only: the time before it was not recorded")
+    return ""
 
 
 def _leaderboard(board: dict, model: str, target: str | None = None) -> list[str]:

@@ -27,6 +27,19 @@ class ExportRelease(L.Callback):
             parse_target(target)  # fail before training, not after
         self.dirpath, self.command, self.push_to, self.private, self.target = dirpath, command, push_to, private, target
         self.started = None
+        # the wall time trained before this fit, carried in the checkpoint (state_dict), so that a run killed and
+        # resumed with `--ckpt_path last` reports its whole training time, not the last part; None where the
+        # checkpoint did not carry it (one written before zoo kept it), and the step the run resumed at
+        self.before, self.resumed_at = None, None
+
+    def seconds(self) -> float:
+        return (self.before or 0.0) + (time.time() - self.started if self.started is not None else 0.0)
+
+    def state_dict(self) -> dict:
+        return {"seconds": self.seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = float(state_dict["seconds"])
 
     def setup(self, trainer, pl_module, stage):
         if self.dirpath and stage == "fit":
@@ -47,6 +60,9 @@ class ExportRelease(L.Callback):
     def on_fit_start(self, trainer, pl_module):
         self.started = time.time()
 
+    def on_train_start(self, trainer, pl_module):
+        self.resumed_at = trainer.global_step or None  # restored from the checkpoint after on_fit_start, before this
+
     def teardown(self, trainer, pl_module, stage):
         if stage == "fit":
             release_run(trainer)
@@ -54,7 +70,7 @@ class ExportRelease(L.Callback):
     def on_fit_end(self, trainer, pl_module):
         if not self.dirpath or not trainer.is_global_zero:
             return
-        seconds = time.time() - self.started if self.started else None
+        seconds = self.seconds() if self.started else None
         callback = trainer.checkpoint_callback
         best = callback.best_model_path if callback else ""
         if best:
@@ -62,6 +78,8 @@ class ExportRelease(L.Callback):
             pl_module.load_state_dict(state)
         run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
                "precision_reason": getattr(trainer, "precision_reason", None), "target": self.target}
+        if self.resumed_at:  # the card says what its seconds cover
+            run["resumed_at_step"], run["seconds_before_resume"] = self.resumed_at, self.before
         if best:
             run["selected_by"] = f"{callback.monitor} ({callback.mode})"
             run["best_score"] = float(callback.best_model_score) if callback.best_model_score is not None else None
