@@ -45,13 +45,15 @@ def _args(checkpoint: str) -> dict:
 
 def _decoding_cases() -> list:
     """Every text checkpoint, in the slow set those that export the same code as their model's default one
-    (gpt-tiny.warpeace is gpt-tiny.shakespeare at another length) and SAME_CODE's default ones (the plain hybrids'
-    per-layer positions on War and Peace stay): the programs take 2-5 s to export each."""
+    (gpt-tiny.warpeace is gpt-tiny.shakespeare at another length), SAME_CODE's default ones (the plain hybrids'
+    per-layer positions on War and Peace stay) and the mini ones (elita-gpt-mini's is
+    elita-gpt-tiny.warpeace-alibi's code at width 256 and 6 blocks, and takes 7-10 s): the programs take 2-5 s
+    to export each."""
     cases = []
     for checkpoint in TEXT_CHECKPOINTS:
         name = checkpoint.split(".")[0]
         default = f"{name}.{zoo.models.registry.entry(name).default_tag}"
-        same = (name in SAME_CODE and checkpoint == default) or (
+        same = (name in SAME_CODE and checkpoint == default) or name.endswith("-mini") or (
             checkpoint != default and default in TEXT_CHECKPOINTS and _args(checkpoint) == _args(default))
         cases.append(pytest.param(checkpoint, marks=pytest.mark.slow) if same else checkpoint)
     return cases

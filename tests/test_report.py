@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import chromium
+from tests.browser import chromium, require_chromium
 from tests.conftest import data_root
 from tests.test_checkpoints import PLANNED
 
@@ -21,6 +21,7 @@ def test_report_page_in_a_real_browser(tmp_path):
     from zoo.cli import main
     from zoo.release.check import shipped_folders
 
+    require_chromium()  # before the report is drawn, not after it
     main(["report", "--out", str(tmp_path / "report"), "--bench", str(REPO / "bench" / "results"),
           *(["--data-root", str(data_root())] if data_root() else [])])
     page = tmp_path / "report" / "index.html"

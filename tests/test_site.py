@@ -24,7 +24,7 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 
-from tests.browser import chromium
+from tests.browser import chromium, require_chromium
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
@@ -133,6 +133,7 @@ def check_site(site: Path) -> tuple[dict[str, list[str]], int]:
 
 
 def test_every_page_of_the_site_loads_cleanly_in_a_browser(tmp_path):
+    require_chromium()  # before the build (15-20 s), not after it
     site = tmp_path / "site"
     built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
                             "-d", str(site)], cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
