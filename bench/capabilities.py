@@ -1,4 +1,4 @@
-"""What each attention mechanism loses: mechanism x capability task x seed at one equal budget (issue 24).
+"""What each attention mechanism loses: mechanism x capability task x seed at one equal budget.
 
     python bench/capabilities.py                     # run what is missing, then print the table
     python bench/capabilities.py --only 'mqar/*'     # runs whose key (task/model/seed) matches
@@ -97,7 +97,7 @@ CONV_WIDTH = 4
 # The hybrids at the suite's depth: linear-time blocks, then one softmax block last (bench/hybrid_placement.py),
 # no positions (the linear blocks carry order)
 MIXES = {"hybrid-micro-gpt-tiny": "micro", "hybrid-elita-gpt-tiny": "elita"}
-# The calibration (issue 24): with GPT-2's initialization (an output layer tied to token embeddings of std 0.02)
+# The calibration: with GPT-2's initialization (an output layer tied to token embeddings of std 0.02)
 # softmax attention stayed at chance on MQAR for 5,000 steps at this width and first reached 97% near 9,000;
 # with PyTorch's own defaults (an untied output layer, embeddings of std 1) it passes 99% within 1,000 steps.
 SIZE = {"embed_dim": 64, "depth": 2, "num_heads": 2, "tie_embeddings": False, "embed_std": 1.0}

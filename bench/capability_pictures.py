@@ -1,5 +1,4 @@
-"""Where a query's attention goes on MQAR or induction heads, in models that succeed and in ones that do not
-(issue 24).
+"""Where a query's attention goes on MQAR or induction heads, in models that succeed and in ones that do not.
 
     python bench/capability_pictures.py            # MQAR: trains the models it lacks, then measures and draws
     python bench/capability_pictures.py --task induction_heads

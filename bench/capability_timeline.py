@@ -1,4 +1,4 @@
-"""When a capability appears during training, and where attention goes as it does (issue 24).
+"""When a capability appears during training, and where attention goes as it does.
 
     python bench/capability_timeline.py               # the ELiTA hybrid with convolutions on induction heads,
                                                       # at 1e-3, 3e-3 and 1e-2

@@ -4,7 +4,7 @@ the one it replaced, in one run.
     python bench/decode.py            # contexts 256, 1k, 4k and 16k (about 5 minutes, 1 thread)
     python bench/decode.py --quick    # contexts 256 and 1k, for a smoke test
 
-The replaced cache (issue 23 item 6) grew by `torch.cat` at every step, copying every cached key and value
+The replaced cache grew by `torch.cat` at every step, copying every cached key and value
 once a token, and quiet attention prepended its zero key and value to that copy again; it is rebuilt below
 (`old_step`, the previous `SoftmaxAttention.step` word for word) and swapped in for its timings. The new
 cache writes each token into buffers with room to spare, doubling them when they fill: each token is

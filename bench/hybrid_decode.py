@@ -1,5 +1,5 @@
 """Decoding time and state memory of the hybrids against softmax attention and the pure linear models, per token
-after a long context (issue 25), in one run.
+after a long context, in one run.
 
     python bench/hybrid_decode.py            # contexts 256, 1k, 4k and 16k (1 thread)
     python bench/hybrid_decode.py --quick    # contexts 256 and 1k, for a smoke test

@@ -1,5 +1,5 @@
 """Where should a hybrid's one softmax block go? Accuracy of a model with the softmax block at each position,
-among micro or elita blocks, beside the pure models, at one budget (issue 25).
+among micro or elita blocks, beside the pure models, at one budget.
 
     python bench/hybrid_placement.py --depth 2 --steps 2000 --no-pure   # micro: the softmax block first or last
     python bench/hybrid_placement.py --no-pure                          # micro: 4 placements among 4 blocks

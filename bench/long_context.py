@@ -1,8 +1,8 @@
-"""Do the War and Peace checkpoints use their context, and keep it beyond their training length? (issue 24)
+"""Do the War and Peace checkpoints use their context, and keep it beyond their training length?
 
     python bench/long_context.py                          # every War and Peace release in checkpoints/
     python bench/long_context.py --long 65536 131072      # also stretches this long (models without
-                                                          # learned positions only; elita.md's "100K+")
+                                                          # learned positions only; ELiTA's write-up claims "100K+")
     python bench/long_context.py --reach 128 1024 4096    # how far back each release reads (below)
     python bench/long_context.py --table                  # the table from bench/results/long_context.json
     python bench/long_context.py --text stdlib            # every standard-library release (*.stdlib), scored
@@ -12,7 +12,7 @@ Each release is scored on the held-out end of War and Peace (its last 10%, the s
 beside), cut into consecutive windows of its context C and, where its positions allow, of 4C and of the
 --long lengths. The loss of every window is averaged by token position, and reported over ranges:
 [0, 64), the first tokens, which see little context; [C/2, C), the second half of the training context;
-[C, 2C) and [2C, 4C), beyond it; and powers of two further on. The issue's two targets are printed beside,
+[C, 2C) and [2C, 4C), beyond it; and powers of two further on. The two targets are printed beside,
 and n-gram models counted on the training split as references (a 2-gram model reads one character back):
 
     uses its context:  loss[C/2, C) <= loss[0, 64) - 0.15       (in windows of C)
@@ -53,7 +53,7 @@ OUT_STDLIB = RESULTS / "long_context_stdlib.json"  # --text stdlib's, so that ea
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ZOO_DATA", ROOT.parent / "shared" / "data"))
 TEXT = DATA / "warpeace" / "warpeace_input.txt"
-USES, KEEPS = 0.15, 0.05  # the issue's margins
+USES, KEEPS = 0.15, 0.05  # the margins: it uses its context, it keeps it
 FIRST = 64  # "the first 64 positions"
 
 

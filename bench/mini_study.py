@@ -1,4 +1,4 @@
-"""The mini study: do the tiny models' conclusions hold at ten times the size? (issue 108)
+"""The mini study: do the tiny models' conclusions hold at ten times the size?
 
     python bench/mini_study.py                            # every mini release in checkpoints/ (*-mini.*)
     python bench/mini_study.py --releases runs/mini/*     # release folders elsewhere (a `zoo fit` export)

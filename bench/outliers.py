@@ -1,9 +1,10 @@
-"""Quiet attention and outliers: activation kurtosis, max |x| and int8 after training (issue 13).
+"""Quiet attention and outliers: activation kurtosis, max |x| and int8 after training.
 
     python bench/outliers.py            # every finished leaderboard run of the study's groups
     python bench/outliers.py --table    # the table from bench/results/outliers.json
 
-quiet-attention.md claims that a head which can attend to nothing keeps the activations
+The quiet attention write-up ("Quiet Attention: A Novel Modification to Softmax Function for Attention
+Mechanism") claims that a head which can attend to nothing keeps the activations
 free of outliers, so the model quantizes better. Bondarenko, Nagel and Blankevoort 2023
 ("Quantizable Transformers") measured it for their clipped softmax and gated attention;
 this script measures it the same way for the models bench/leaderboard.py trained

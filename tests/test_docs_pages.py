@@ -98,10 +98,11 @@ def test_no_tracker_numbers_or_write_up_file_names_in_what_a_reader_sees(page):
 
 
 def test_no_tracker_numbers_or_write_up_file_names_in_cards_recipes_or_docstrings():
-    """Cards ship with the checkpoints, recipes print with `zoo recipes`, docstrings render on the API pages,
-    and messages reach users: none names a tracker number or a write-up's file name."""
+    """Cards ship with the checkpoints, recipes print with `zoo recipes`, docstrings render on the API pages and
+    the benchmarks' in their --help, and messages reach users: none names a tracker number or a write-up's file
+    name."""
     files = [*(ROOT / "checkpoints").glob("*/README.md"), *(ROOT / "recipes").glob("*.yaml"),
-             *(ROOT / "zoo").rglob("*.py")]
+             *(ROOT / "zoo").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
     found = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for pattern in (WRITE_UPS, TRACKER)
              for m in [pattern.search(f.read_text())] if m]
     assert not found, found
