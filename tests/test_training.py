@@ -447,6 +447,11 @@ def test_a_resumed_runs_export_reports_its_whole_training_time(tmp_path):
     resumed, _ = fit(2, ckpt_path=str(last))
     assert (resumed["resumed_at_step"], resumed["seconds_before_resume"]) == (steps, None)
     assert resumed["seconds"] < 600
+    # a checkpoint zoo did not write, its time not a finite number of seconds: no record, not a traceback
+    for bad in (float("nan"), float("inf"), -5.0, "an hour", None, True):
+        export = ExportRelease()
+        export.load_state_dict({"seconds": bad})
+        assert export.before is None, bad
 
 
 def test_timeline_read_names_a_line_that_is_not_an_entry(tmp_path):

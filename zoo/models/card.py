@@ -200,6 +200,7 @@ def _resumed(training: dict) -> str:
     """What the training time covers for a run resumed from a checkpoint: zoo's exporter carries the time trained
     before the resume in the checkpoint; an older checkpoint, or an older export, counted the resumed part only."""
     step = training.get("resumed_at_step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None  # a hand-edited config
     if step and training.get("seconds_before_resume") is not None:
         return f", resumed from a checkpoint at step {step:,}, the time before it included"
     if step or "--ckpt_path" in str(training.get("command", "")).split():

@@ -39,7 +39,11 @@ class ExportRelease(L.Callback):
         return {"seconds": self.seconds()}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.before = float(state_dict["seconds"])
+        seconds = state_dict.get("seconds") if isinstance(state_dict, dict) else None
+        # a checkpoint zoo did not write may hold anything here: what is not a finite, non-negative number of
+        # seconds is taken as no record (the card then says its minutes count from the resume only)
+        ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
+        self.before = float(seconds) if ok else None
 
     def setup(self, trainer, pl_module, stage):
         if self.dirpath and stage == "fit":
