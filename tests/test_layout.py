@@ -109,3 +109,22 @@ def test_the_checker_sees_a_loop_and_an_upward_import(tmp_path, monkeypatch):
     assert edges["zoo.models.a"] == {"zoo.models.b", "zoo.cli.run"}
     assert edges["zoo.models.b"] == {"zoo.models.a"}
     assert floor("zoo.cli.run") > floor("zoo.models.a")
+
+
+def test_the_lazy_packages_name_the_same_classes_three_times():
+    """zoo.data and zoo.training load their modules on first use (`zoo evaluate` needs no Lightning); each names
+    its classes in a table (what runs), in imports under TYPE_CHECKING (what the API reference and type checkers
+    read) and in __all__. The three must agree, and each name must load from the module its table gives."""
+    import importlib
+
+    for package, table in (("zoo.data", "_HOME"), ("zoo.training", "_TASKS")):
+        module = importlib.import_module(package)
+        lazy = getattr(module, table)
+        tree = ast.parse(Path(module.__file__).read_text())
+        guarded = {alias.name: node.module for block in tree.body
+                   if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+                   for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+        assert guarded == lazy, package
+        classes = {name for name in module.__all__ if name[0].isupper()}
+        assert classes == set(lazy), package
+        assert all(getattr(module, name).__module__ == lazy[name] for name in lazy), package

@@ -3,12 +3,15 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import zoo
 from zoo.models import FusedAttentionNetwork, TextTransformer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def example_input(model):
@@ -38,6 +41,19 @@ def test_import_zoo_is_light():
            "print(sorted(m for m in ('torch', 'lightning', 'timm', 'huggingface_hub') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "quickstart" in out.stdout and out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_evaluate_leaves_the_training_libraries_alone(tmp_path):
+    """`zoo evaluate` scores a file without Lightning: the zoo.data and zoo.training packages load their modules on
+    first use (it took 14 s on a 2-core machine, half of it Lightning's import)."""
+    (tmp_path / "romeo.txt").write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n")
+    code = ("import sys; from zoo.cli import main; main(['evaluate', sys.argv[1], sys.argv[2]]); "
+            "print(sorted(m for m in ('lightning', 'torchmetrics', 'timm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "checkpoints" / "gpt-tiny.shakespeare"),
+                          str(tmp_path / "romeo.txt")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert "perplexity" in lines[-2] and lines[-1] == "[]", out.stdout
 
 
 def test_list_models_and_unknown_name():

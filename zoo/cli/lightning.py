@@ -151,6 +151,15 @@ def _lightning_cli(args: list[str], run: bool):
                 root = config.trainer.default_root_dir or "runs"
                 config.checkpoint.dirpath = str(Path(root) / "checkpoints" / run)
 
+    # jsonargparse knows the subclasses Python has loaded (for --help's lists and short names such as
+    # `--data MNIST`); zoo.data and zoo.training load theirs lazily, so load them all here
+    import zoo.data
+    import zoo.training
+
+    for package in (zoo.data, zoo.training):
+        for name in package.__all__:
+            getattr(package, name)
+
     command = "zoo " + " ".join(args)  # as the user typed it, recipe names and all
     # exit_on_error=False: jsonargparse raises instead of printing its usage (80 lines); main() says it in one
     no_exit = {"exit_on_error": False}

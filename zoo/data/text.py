@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from zoo.data.arrays import check_fraction
 from zoo.data.sampling import EpochSampler, epoch_generator
+from zoo.data.text_files import read_text
 from zoo.models.tokenizer import TOKENIZERS, describe, encode_text, tokenizer_from_dict
 
 
@@ -173,16 +174,6 @@ class CharText(L.LightningDataModule):
         tokens = torch.tensor(encode_text(self.tokenizer, self.text, str(self.file)), dtype=torch.long)
         windows = FixedWindows(tokens, self.context_length, None)
         return DataLoader(windows, batch_size=self.batch_size * 4, num_workers=self.num_workers)
-
-
-def read_text(file: Path) -> str:
-    try:
-        return file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{file} is not UTF-8 text: byte {e.start:,} is {e.object[e.start:e.start + 1]!r} "
-                         f"({e.reason}); set data.path to a UTF-8 text file") from None
-    except IsADirectoryError:
-        raise IsADirectoryError(f"{file} is a folder; expected a UTF-8 text file") from None
 
 
 def checkpoint_tokenizer(source: str):

@@ -1,10 +1,38 @@
-"""Lightning tasks that train registered models."""
+"""Lightning tasks that train registered models.
 
-from zoo.training.classification import ClassificationTask
-from zoo.training.language_model import LanguageModelTask
-from zoo.training.sequence import SequenceTask
+The tasks load on first use (as `zoo`'s own names do): the package's modules that need no Lightning
+(`zoo.training.evaluate`, behind `zoo evaluate`) would otherwise pay its import, 6-10 s on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and the API reference (mkdocstrings reads the source, not the module)
+    from zoo.training.classification import ClassificationTask
+    from zoo.training.language_model import LanguageModelTask
+    from zoo.training.sequence import SequenceTask
+
+_TASKS = {
+    "ClassificationTask": "zoo.training.classification",
+    "LanguageModelTask": "zoo.training.language_model",
+    "SequenceTask": "zoo.training.sequence",
+}
 
 __all__ = ["ClassificationTask", "LanguageModelTask", "SequenceTask", "task_class"]
+
+
+def __getattr__(name: str):
+    if name not in _TASKS:
+        raise AttributeError(f"module 'zoo.training' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_TASKS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_TASKS])
 
 
 def task_class(model_name: str, model_config: dict | None = None) -> type:
@@ -15,6 +43,8 @@ def task_class(model_name: str, model_config: dict | None = None) -> type:
         model_name: a registered name, a shipped name.tag, a release folder or hf-hub:org/repo.
         model_config: a task's saved model config; where given, it decides without looking at the source.
     """
+    from zoo.training.classification import ClassificationTask
+    from zoo.training.language_model import LanguageModelTask
     from zoo.training.source import source_family
 
     if model_config is not None:

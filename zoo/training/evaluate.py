@@ -136,7 +136,7 @@ def _count(value, what: str, maximum: int | None = None) -> int:
 
 
 def _read(file) -> str:
-    from zoo.data.text import read_text
+    from zoo.data.text_files import read_text
 
     if not isinstance(file, (str, os.PathLike)):
         raise TypeError(f"file must be a path to a UTF-8 text file, got {type(file).__name__}")
