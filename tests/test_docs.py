@@ -3,11 +3,8 @@ class and function documents each of its arguments."""
 
 import importlib.util
 import inspect
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,28 +14,23 @@ import zoo.attention
 import zoo.data
 import zoo.models
 import zoo.training
+from tests.site_build import build, the_strict_site
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
                                   reason="mkdocs is not installed: pip install -e '.[docs]'")
-ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-
-
-def build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-                          cwd=config.parent, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 @needs_mkdocs
-def test_the_site_builds_strict_with_the_api_and_the_cli_reference(tmp_path):
-    out = build(ROOT / "mkdocs.yml", tmp_path / "site")
+def test_the_site_builds_strict_with_the_api_and_the_cli_reference(tmp_path_factory):
+    out = the_strict_site(tmp_path_factory)  # tests/test_site.py opens the same build in Chromium
     assert out.returncode == 0, out.stderr[-3000:]
-    attention = (tmp_path / "site" / "attention" / "index.html").read_text()
+    attention = (out.site / "attention" / "index.html").read_text()
     assert "MicroAttention" in attention and "softmax_one" in attention
-    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    cli = (out.site / "cli" / "index.html").read_text()
     assert all(f"zoo {command}" in cli for command in ("fit", "export", "push", "recipes", "build-kernels"))
     assert "--trainer.max_epochs" in cli  # fit's options come from Lightning's own parser
-    assert not (tmp_path / "site" / "hooks.py").exists()
+    assert not (out.site / "hooks.py").exists()
 
 
 @needs_mkdocs
