@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import lightning as L
 import torch
 
@@ -11,6 +9,7 @@ from zoo.models.card import parse_target
 from zoo.models.hub import validate_repo_id
 from zoo.release.export import check_export_path, export
 from zoo.release.push import check_hub, push
+from zoo.training.clock import TrainingClock
 from zoo.training.runs import claim_run, release_run
 
 
@@ -26,24 +25,15 @@ class ExportRelease(L.Callback):
         if target is not None:
             parse_target(target)  # fail before training, not after
         self.dirpath, self.command, self.push_to, self.private, self.target = dirpath, command, push_to, private, target
-        self.started = None
-        # the wall time trained before this fit, carried in the checkpoint (state_dict), so that a run killed and
-        # resumed with `--ckpt_path last` reports its whole training time, not the last part; None where the
-        # checkpoint did not carry it (one written before zoo kept it), and the step the run resumed at
-        self.before, self.resumed_at = None, None
-
-    def seconds(self) -> float:
-        return (self.before or 0.0) + (time.time() - self.started if self.started is not None else 0.0)
+        # the training time, carried in the checkpoint across `--ckpt_path last` resumes (state_dict below),
+        # and the step the run resumed at
+        self.clock, self.resumed_at = TrainingClock(), None
 
     def state_dict(self) -> dict:
-        return {"seconds": self.seconds()}
+        return self.clock.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        seconds = state_dict.get("seconds") if isinstance(state_dict, dict) else None
-        # a checkpoint zoo did not write may hold anything here: what is not a finite, non-negative number of
-        # seconds is taken as no record (the card then says its minutes count from the resume only)
-        ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < float("inf")
-        self.before = float(seconds) if ok else None
+        self.clock.load_state_dict(state_dict)
 
     def setup(self, trainer, pl_module, stage):
         if self.dirpath and stage == "fit":
@@ -62,7 +52,7 @@ class ExportRelease(L.Callback):
             claim_run(trainer)
 
     def on_fit_start(self, trainer, pl_module):
-        self.started = time.time()
+        self.clock.start()
 
     def on_train_start(self, trainer, pl_module):
         self.resumed_at = trainer.global_step or None  # restored from the checkpoint after on_fit_start, before this
@@ -74,7 +64,7 @@ class ExportRelease(L.Callback):
     def on_fit_end(self, trainer, pl_module):
         if not self.dirpath or not trainer.is_global_zero:
             return
-        seconds = self.seconds() if self.started else None
+        seconds = self.clock.seconds() if self.clock.started is not None else None
         callback = trainer.checkpoint_callback
         best = callback.best_model_path if callback else ""
         if best:
@@ -83,7 +73,7 @@ class ExportRelease(L.Callback):
         run = {"epochs": trainer.current_epoch, "steps": trainer.global_step, "precision": str(trainer.precision),
                "precision_reason": getattr(trainer, "precision_reason", None), "target": self.target}
         if self.resumed_at:  # the card says what its seconds cover
-            run["resumed_at_step"], run["seconds_before_resume"] = self.resumed_at, self.before
+            run["resumed_at_step"], run["seconds_before_resume"] = self.resumed_at, self.clock.before
         if best:
             run["selected_by"] = f"{callback.monitor} ({callback.mode})"
             run["best_score"] = float(callback.best_model_score) if callback.best_model_score is not None else None

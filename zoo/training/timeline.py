@@ -17,41 +17,37 @@ time to reach a target" is read from.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import lightning as L
 
+from zoo.training.clock import TrainingClock
 from zoo.utils.atomic import appendable_jsonl
 
 
 class Timeline(L.Callback):
     def __init__(self, path: str):
         self.path = appendable_jsonl(path, "Timeline path")
-        self.before = 0.0  # seconds trained before this fit started (from the checkpoint)
-        self.started = None
-
-    def seconds(self) -> float:
-        return self.before + (time.monotonic() - self.started if self.started is not None else 0.0)
+        self.clock = TrainingClock()
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.started = time.monotonic()
+        self.clock.start()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        line = {"epoch": trainer.current_epoch, "step": trainer.global_step, "seconds": round(self.seconds(), 2),
+        line = {"epoch": trainer.current_epoch, "step": trainer.global_step, "seconds": round(self.clock.seconds(), 2),
                 "metrics": metrics}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:  # one short line per write, appended: never a half-rewritten file
             f.write(json.dumps(line) + "\n")
 
     def state_dict(self) -> dict:
-        return {"seconds": self.seconds()}
+        return self.clock.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.before = float(state_dict["seconds"])
+        self.clock.load_state_dict(state_dict)
 
 
 def read(path) -> list[dict]:
