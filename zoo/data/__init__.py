@@ -1,7 +1,7 @@
 """Lightning data modules on real data sets; each says what a model must fit through `data_info`.
 
-The modules load on first use (as `zoo`'s own names do): the package's plain readers (`zoo.data.text`'s
-tokenizers and files, behind `zoo evaluate`) would otherwise pay Lightning's import, 6-10 s on a 2-core machine.
+The modules load on first use (as `zoo`'s own names do): the package's plain reader of text files
+(`zoo.data.text_files`, behind `zoo evaluate`) would otherwise pay Lightning's import, 6-10 s on a 2-core machine.
 """
 
 from __future__ import annotations
