@@ -6,8 +6,9 @@ The modules load on first use (as `zoo`'s own names do): the package's plain rea
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from zoo.utils.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers and the API reference (mkdocstrings reads the source, not the module)
     from zoo.data.arrays import MNIST1D, AdrenalMNIST3D, ArrayClassificationData, Digits
@@ -36,13 +37,4 @@ __all__ = ["MNIST1D", "AdrenalMNIST3D", "ArrayClassificationData", "CIFAR10", "C
            "MQAR", "InductionHeads", "ListOps", "LongContextText", "PixelMNIST", "SelectiveCopying", "SequenceData"]
 
 
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'zoo.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted([*globals(), *_HOME])
+__getattr__, __dir__ = lazy_attributes(__name__, _HOME)

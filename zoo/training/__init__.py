@@ -6,8 +6,9 @@ The tasks load on first use (as `zoo`'s own names do): the package's modules tha
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from zoo.utils.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers and the API reference (mkdocstrings reads the source, not the module)
     from zoo.training.classification import ClassificationTask
@@ -23,16 +24,7 @@ _TASKS = {
 __all__ = ["ClassificationTask", "LanguageModelTask", "SequenceTask", "task_class"]
 
 
-def __getattr__(name: str):
-    if name not in _TASKS:
-        raise AttributeError(f"module 'zoo.training' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_TASKS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted([*globals(), *_TASKS])
+__getattr__, __dir__ = lazy_attributes(__name__, _TASKS)
 
 
 def task_class(model_name: str, model_config: dict | None = None) -> type:
