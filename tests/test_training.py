@@ -289,29 +289,86 @@ def test_cli_fit_test_and_export(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.slow  # 24 s: three short fits, one killed
 def test_resume_after_sigkill_ends_like_an_uninterrupted_run(tmp_path):
-    """Killed mid-epoch with SIGKILL, resumed with --ckpt_path last: the same weights and metrics, bit for bit."""
+    """Killed mid-epoch with SIGKILL, resumed with --ckpt_path last from a checkpoint saved in the middle of an
+    epoch: the same weights and metrics, bit for bit (before zoo.training.resume, Lightning began the epoch's
+    data again and they differed). The recipe's own ModelCheckpoint (a point every 5 steps, as the long
+    recipes keep one) writes into the run's folder, and the release is the best on validation loss that zoo's
+    checkpoint chose (before zoo put its own first, the export took theirs: no best, the last weights)."""
     from safetensors.torch import load_file
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text().replace("max_epochs: 30", "max_epochs: 3"))
+    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text().replace("max_epochs: 30", "max_epochs: 2"))
+    every = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=5",
+             "--trainer.callbacks.save_top_k=0", "--trainer.callbacks.save_last=true"]
 
     def fit(run, *extra):
         return run_zoo("fit", "--config", str(recipe), "--trainer.default_root_dir", str(tmp_path / run),
                        "--export.dirpath", str(tmp_path / run / "release"), "--trainer.enable_progress_bar", "false",
-                       *extra, cwd=tmp_path)
+                       *every, *extra, cwd=tmp_path)
 
     assert fit("straight").returncode == 0
-    # 1294 training digits in batches of 64: 21 steps an epoch, so step 30 is in the middle of the second
-    killed = fit("resumed", "--trainer.callbacks+=tests.helpers.KillAtStep", "--trainer.callbacks.step=30")
+    # 1294 training digits in batches of 64: 21 steps an epoch; validation (and zoo's last.ckpt) at 21, the
+    # recipe's points at 5, 10, ..., 30; killed at 32, in the middle of the second epoch
+    killed = fit("resumed", "--trainer.callbacks+=tests.helpers.KillAtStep", "--trainer.callbacks.step=32")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not (tmp_path / "resumed" / "release").exists()
-    assert (tmp_path / "resumed" / "checkpoints" / "release" / "last.ckpt").is_file()
+    folder = tmp_path / "resumed" / "checkpoints" / "release"
+    # each ModelCheckpoint keeps a last file of its own (Lightning numbers the second: last-v1.ckpt)
+    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last-v1.ckpt", "last.ckpt"]
+    lasts = sorted(folder.glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert [torch.load(p, weights_only=True)["global_step"] for p in lasts] == [21, 30]
     resumed = fit("resumed", "--ckpt_path", "last")
     assert resumed.returncode == 0 and "Restored all states" in resumed.stderr + resumed.stdout
     a, b = (json.loads((tmp_path / run / "release" / "config.json").read_text()) for run in ("straight", "resumed"))
-    assert a["metrics"] == b["metrics"] and a["training"]["steps"] == b["training"]["steps"] == 3 * 21
+    assert b["training"]["resumed_at_step"] == 30
+    assert a["metrics"] == b["metrics"] and a["training"]["steps"] == b["training"]["steps"] == 2 * 21
     wa, wb = (load_file(tmp_path / run / "release" / "model.safetensors") for run in ("straight", "resumed"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    best = torch.load(folder / "best.ckpt", weights_only=True)
+    monitor = next(v for k, v in best["callbacks"].items() if "val/loss" in k)
+    assert b["training"]["selected_by"] == "val/loss (min)"
+    assert b["training"]["best_score"] == pytest.approx(float(monitor["best_model_score"]))
+    closing = next(line for line in resumed.stdout.splitlines() if line.startswith("checkpoints: "))
+    assert closing.startswith("checkpoints: best ") and "best.ckpt (val/loss" in closing, closing
+
+
+def test_zoos_checkpoint_stays_the_trainers_when_a_recipe_adds_its_own(tmp_path, monkeypatch):
+    """Lightning's trainer.checkpoint_callback is the first ModelCheckpoint, and the export, the run's folder
+    lock and the closing line read it: a recipe's own ModelCheckpoint under trainer.callbacks came first, and the
+    export took its best (none: the last weights). Theirs without a folder now write into the run's, where
+    `--ckpt_path last` looks (tests/test_training.py's SIGKILL test resumes from one)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from zoo.cli.lightning import run_lightning
+
+    monkeypatch.chdir(tmp_path)
+    cli = run_lightning(["--config", str(REPO / "recipes" / "quickstart.yaml"), "--export.dirpath", "out/q",
+                         "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=5",
+                         "--trainer.callbacks.save_top_k=0", "--trainer.callbacks.save_last=true"], run=False)
+    ours, theirs = cli.trainer.checkpoint_callbacks
+    assert cli.trainer.checkpoint_callback is ours and ours.monitor == "val/loss" and theirs.monitor is None
+    assert isinstance(theirs, ModelCheckpoint) and theirs._every_n_train_steps == 5
+    assert ours.dirpath == theirs.dirpath == str(tmp_path / "runs" / "checkpoints" / "q")
+
+
+def test_epoch_sampler_resumes_once_at_the_index_given_and_keeps_the_epochs_length():
+    from zoo.data.sampling import EpochSampler
+
+    sampler = EpochSampler(range(10), seed=3)
+    sampler.set_epoch(1)
+    whole = list(sampler)
+    sampler.resume(1, 4)
+    assert len(sampler) == 10 and list(sampler) == whole[4:]
+    assert list(sampler) == whole  # once: the next pass over the epoch is whole again
+    sampler.resume(2, 4)  # for another epoch: this one runs whole
+    assert list(sampler) == whole
+    other = EpochSampler(range(10), seed=3)
+    other.set_epoch(2)
+    sampler.set_epoch(2)
+    assert list(sampler) == list(other)[4:]
+    ordered = EpochSampler(range(5), shuffle=False)
+    ordered.resume(0, 2)
+    assert list(ordered) == [2, 3, 4]
 
 
 @pytest.mark.slow  # 12 s: two processes over gloo

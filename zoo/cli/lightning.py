@@ -87,6 +87,19 @@ def _lightning_cli(args: list[str], run: bool):
             parser.add_lightning_class_args(ExportRelease, "export")
             parser.set_defaults({"export.command": command})
 
+        def _instantiate_trainer(self, config, callbacks):
+            # zoo's checkpoint (`callbacks` holds it and the export) goes ahead of any ModelCheckpoint a recipe
+            # adds under trainer.callbacks: Lightning's trainer.checkpoint_callback is the first one, and the
+            # export, the run's folder lock and the closing line read it. Theirs without a folder write into the
+            # run's, where `--ckpt_path last` looks (it takes the newest last.ckpt of them all).
+            theirs = config.get("callbacks") or []
+            theirs = list(theirs) if isinstance(theirs, list) else [theirs]
+            ours = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+            for callback in theirs:
+                if isinstance(callback, ModelCheckpoint) and callback.dirpath is None and ours is not None:
+                    callback.dirpath = ours.dirpath
+            return super()._instantiate_trainer({**config, "callbacks": [*callbacks, *theirs]}, [])
+
         def after_fit(self):
             # where the run went: Lightning's own output never says, and `--ckpt_path`, `zoo export` and
             # TensorBoard need it

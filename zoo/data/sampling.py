@@ -19,10 +19,19 @@ def epoch_generator(seed: int, epoch: int, index: int = 0) -> torch.Generator:
 
 
 class EpochSampler(Sampler[int]):
-    """Every index once per epoch, in an order drawn from (seed, epoch); in order when shuffle is off."""
+    """Every index once per epoch, in an order drawn from (seed, epoch); in order when shuffle is off.
+
+    `resume(epoch, done)`: the next pass over `epoch` starts at its `done`-th index, after those a run resumed in
+    the middle of that epoch has already trained on (zoo.training.resume). Its length stays the epoch's, so
+    that Lightning's count of batches is the whole epoch's and the loop stops where an uninterrupted epoch would.
+    """
 
     def __init__(self, dataset, seed: int = 0, shuffle: bool = True):
         self.dataset, self.seed, self.shuffle, self.epoch = dataset, seed, shuffle, 0
+        self._resume: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, done: int) -> None:
+        self._resume = (epoch, done) if done > 0 else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -33,9 +42,14 @@ class EpochSampler(Sampler[int]):
         return len(self.dataset)
 
     def __iter__(self):
-        if not self.shuffle:
-            return iter(range(len(self.dataset)))
-        return iter(torch.randperm(len(self.dataset), generator=epoch_generator(self.seed, self.epoch)).tolist())
+        if self.shuffle:
+            order = torch.randperm(len(self.dataset), generator=epoch_generator(self.seed, self.epoch)).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        if self._resume is not None and self._resume[0] == self.epoch:
+            order = order[self._resume[1]:]
+            self._resume = None  # once: the epochs after it run whole
+        return iter(order)
 
 
 class RandomShift(Dataset):

@@ -25,6 +25,7 @@ from lightning.pytorch.plugins import _PLUGIN_INPUT
 
 from zoo.training.checkpoint_io import SafeCheckpointIO
 from zoo.training.progress import with_progress_bar
+from zoo.training.resume import ResumeMidEpoch
 
 log = logging.getLogger(__name__)
 
@@ -116,4 +117,6 @@ class Trainer(L.Trainer):
             plugins.append(SafeCheckpointIO())
         # a bar redrawn by the clock, not at every step (zoo/training/progress.py)
         kwargs["callbacks"] = with_progress_bar(kwargs.get("callbacks"), kwargs.get("enable_progress_bar"))
+        # a run resumed mid-epoch goes on with the batches it had not trained on (zoo/training/resume.py)
+        kwargs["callbacks"].append(ResumeMidEpoch())
         super().__init__(*args, precision=precision, plugins=plugins, **kwargs)
