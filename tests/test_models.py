@@ -43,17 +43,20 @@ def test_import_zoo_is_light():
     assert "quickstart" in out.stdout and out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_evaluate_leaves_the_training_libraries_alone(tmp_path):
-    """`zoo evaluate` scores a file without Lightning: the zoo.data and zoo.training packages load their modules on
-    first use (it took 14 s on a 2-core machine, half of it Lightning's import)."""
+def test_evaluate_and_viz_of_a_prompt_leave_the_training_libraries_alone(tmp_path):
+    """`zoo evaluate` scores a file and `zoo viz` draws a prompt without Lightning: the zoo.data and zoo.training
+    packages load their modules on first use (evaluate took 14 s on a 2-core machine, half of it Lightning's
+    import), and `zoo viz` reached zoo.data through the module that checks releases again."""
     (tmp_path / "romeo.txt").write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n")
     code = ("import sys; from zoo.cli import main; main(['evaluate', sys.argv[1], sys.argv[2]]); "
+            "main(['viz', sys.argv[1], '--input', 'ROMEO:', '--out', sys.argv[3]]); "
             "print(sorted(m for m in ('lightning', 'torchmetrics', 'timm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT / "checkpoints" / "gpt-tiny.shakespeare"),
-                          str(tmp_path / "romeo.txt")], capture_output=True, text=True, timeout=300)
+                          str(tmp_path / "romeo.txt"), str(tmp_path / "pictures")],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert "perplexity" in lines[-2] and lines[-1] == "[]", out.stdout
+    assert "perplexity" in lines[-3] and lines[-2].startswith("wrote ") and lines[-1] == "[]", out.stdout
 
 
 def test_list_models_and_unknown_name():

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import data_root
+
 REPO = Path(__file__).resolve().parents[1]
 # seconds, not minutes: two training batches, one of validation, one of test, the release exported
 TINY = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
@@ -97,10 +99,12 @@ def test_verbose_and_every_data_module_and_task_are_in_fits_help():
     assert [name for name in classes if name not in helped.stdout] == []
 
 
+@pytest.mark.skipif(data_root() is None, reason="shared data folder not found (set ZOO_DATA)")
 def test_commands_that_do_not_train_leave_out_libraries_deprecations_too(tmp_path):
     """`zoo viz` (as every command but the Lightning ones) prints its answer, without the deprecations that
-    libraries log or warn about each other (torch's pytree on torchao's enums, where torchao is installed: viz
-    reads zoo's data modules, which import Lightning, which imports torchao); ZOO_VERBOSE=1 lets them through."""
+    libraries log or warn about each other (torch's pytree on torchao's enums, where torchao is installed: viz of
+    a model's own test data reads zoo's data modules, which import Lightning, which imports torchao);
+    ZOO_VERBOSE=1 lets them through."""
     import importlib.util
 
     home = tmp_path / "home"
@@ -109,8 +113,9 @@ def test_commands_that_do_not_train_leave_out_libraries_deprecations_too(tmp_pat
 
     def viz(verbose: str) -> str:
         out = tmp_path / f"pictures{verbose}"
-        done = subprocess.run([sys.executable, "-m", "zoo.cli", "viz", "gpt-tiny.shakespeare", "--input", "ROMEO:",
-                               "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        done = subprocess.run([sys.executable, "-m", "zoo.cli", "viz", "micro-vit-tiny.mnist", "--samples", "1",
+                               "--data-root", str(data_root()), "--out", str(out)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
                               env={**os.environ, "HOME": str(home), "PYTHONPATH": path, "ZOO_VERBOSE": verbose})
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout, done.stderr  # stderr: its progress bar

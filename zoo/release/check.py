@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from zoo.data.sequences import STDLIB
 from zoo.models.pretrained import load
 from zoo.models.registry import checkpoint_roots
 from zoo.models.release_files import CONFIG, WEIGHTS, is_release_folder
@@ -75,6 +74,8 @@ def prepared_data(folder: str | os.PathLike, data_root: str | os.PathLike):
         name = ((config.get("training") or {}).get("data") or {}).get("name") or "its"
         raise FileNotFoundError(f"{Path(folder).name}: the {name} data is not under the data root {data_root}; "
                                 "give --data-root the folder that holds it (zoo check never downloads)") from None
+    from zoo.data.sequences import STDLIB  # here: zoo.data imports Lightning, which `zoo viz` never needs
+
     data = (config.get("training") or {}).get("data") or {}
     here = datamodule.describe()["splits"] if data["init_args"].get("path") == STDLIB else None
     if here is not None and here != data.get("splits"):
