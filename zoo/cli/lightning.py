@@ -92,13 +92,15 @@ def _lightning_cli(args: list[str], run: bool):
             # adds under trainer.callbacks: Lightning's trainer.checkpoint_callback is the first one, and the
             # export, the run's folder lock and the closing line read it. Theirs without a folder write into the
             # run's, where `--ckpt_path last` looks (it takes the newest last.ckpt of them all).
+            # Only the checkpoint moves: the export and every other callback keep Lightning's order, after theirs.
             theirs = config.get("callbacks") or []
             theirs = list(theirs) if isinstance(theirs, list) else [theirs]
-            ours = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+            ours = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
             for callback in theirs:
-                if isinstance(callback, ModelCheckpoint) and callback.dirpath is None and ours is not None:
-                    callback.dirpath = ours.dirpath
-            return super()._instantiate_trainer({**config, "callbacks": [*callbacks, *theirs]}, [])
+                if isinstance(callback, ModelCheckpoint) and callback.dirpath is None and ours:
+                    callback.dirpath = ours[0].dirpath
+            rest = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+            return super()._instantiate_trainer({**config, "callbacks": [*ours, *theirs, *rest]}, [])
 
         def after_fit(self):
             # where the run went: Lightning's own output never says, and `--ckpt_path`, `zoo export` and
