@@ -7,6 +7,8 @@
     python bench/capabilities.py --tiny              # a smoke run: tiny models, few steps, its own file
     python bench/capabilities.py --grid --seeds 0    # Zoology's grid: MQAR against width and pairs
     python bench/capabilities.py --mini --sweep      # the mini models on Zoology's harder MQAR (hours a run here)
+    python bench/capabilities.py --mini --sweep --accelerator gpu \
+        --out bench/results/capabilities_gpu.json    # ... on one CUDA GPU: a file of its own, each record's device
     python bench/capabilities.py --references stdlib # n-gram losses on a text task's test windows
     python bench/capabilities.py --sweep --only 'mqar/*'  # each cell's learning rate from a sweep at seed 0
     python bench/capabilities.py --sweep --sweep-seeds 3 --only 'mqar/gpt-tiny/*' \
@@ -252,26 +254,37 @@ def prepare(task: str, model: str, seed: int, tiny: bool, lr: float | None = Non
     return data, module, budget, size, not_tested
 
 
-def quiet_trainer(steps: int, callbacks=()):
-    """A quiet CPU Trainer for `steps` optimizer steps: no validation, logger, checkpoints or progress bar."""
+def quiet_trainer(steps: int, callbacks=(), accelerator: str = "cpu"):
+    """A quiet Trainer on one device for `steps` optimizer steps: no validation, logger, checkpoints or progress
+    bar. accelerator: "cpu" (the suite's records) or "gpu" (one CUDA device, float32 with TF32 matmuls)."""
     import lightning as L
 
+    if accelerator == "gpu":  # TF32 as Lightning advises on tensor-core GPUs; the record says so (device_of)
+        torch.set_float32_matmul_precision("high")
     return L.Trainer(max_steps=steps, max_epochs=-1, limit_val_batches=0, logger=False, callbacks=list(callbacks),
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     accelerator="cpu")
+                     accelerator=accelerator, devices=1)
+
+
+def device_of(accelerator: str) -> str:
+    """What a record trained on, in words: "cpu", or the CUDA device's name and its float32 matmul precision."""
+    if accelerator == "cpu":
+        return "cpu"
+    return f"cuda: {torch.cuda.get_device_name()}, float32 matmuls {torch.get_float32_matmul_precision()}"
 
 
 def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = None, lr: float | None = None,
-            steps: int | None = None) -> dict:
+            steps: int | None = None, accelerator: str = "cpu") -> dict:
     """Train and test one model on one task; the record for the JSON. keep: a folder to save the trained
     model in, as a release folder (zoo.load reads it), for pictures of what it learned; lr, steps: instead of
-    the budget's (the schedule's cosine decay stretches to the steps)."""
+    the budget's (the schedule's cosine decay stretches to the steps); accelerator: quiet_trainer's."""
 
     data, module, budget, size, not_tested = prepare(task, model, seed, tiny, lr, steps)
-    trainer = quiet_trainer(budget["steps"])
+    trainer = quiet_trainer(budget["steps"], accelerator=accelerator)
     start = time.perf_counter()
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
+    module.to(trainer.strategy.root_device)  # Lightning hands the model back on the CPU: test where it trained
     validated = (TINY_TASKS if tiny else TASKS)[task][0] in VALIDATED
     validation = module.evaluate(data.val_dataloader(), stage="val") if validated else None
     data.setup("test")
@@ -279,10 +292,11 @@ def run_one(task: str, model: str, seed: int, tiny: bool, keep: Path | None = No
     if keep is not None:
         from zoo.models.pretrained import save_pretrained
 
-        save_pretrained(module.model, keep, extra={"metrics": metrics})
+        save_pretrained(module.model.cpu(), keep, extra={"metrics": metrics})
     return {"task": task, "model": model, "seed": seed, **budget, "batch_size": data.batch_size, "size": size,
             "data": data.describe(), "train_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
             "cpu_flags": common.cpu_flags(),  # a rerun repeats a record to the digit on the same kernels only
+            **({} if accelerator == "cpu" else {"device": device_of(accelerator)}),  # the CPU's records as they were
             "metrics": metrics, "validation": validation,
             # which validation sets it was measured on: zoo.data's fixed sets move with VAL_SEED (stale_points)
             "validation_seed": VAL_SEED if validated else None,
@@ -446,7 +460,7 @@ def stale_points(results: dict, task: str, model: str) -> list[str]:
             if key.rsplit("/", 1)[0] == f"{task}/{model}" and record.get("validation_seed") != VAL_SEED]
 
 
-def sweep(out: Path, task: str, model: str, tiny: bool, seeds: int = 1) -> None:
+def sweep(out: Path, task: str, model: str, tiny: bool, seeds: int = 1, accelerator: str = "cpu") -> None:
     """Train seeds 0 to seeds - 1 at each rate of sweep_rates not yet run, then make each seed's run at the
     rate that scores best on validation over those seeds (the mean) that seed's record.
     Stale points (stale_points) move to the JSON's "sweep_stale" section first, and their rates run again."""
@@ -461,7 +475,8 @@ def sweep(out: Path, task: str, model: str, tiny: bool, seeds: int = 1) -> None:
         lr, seed = next((lr, s) for lr in sweep_rates(results, task, model, seeds) for s in range(seeds)
                         if sweep_point(results, task, model, lr, s) is None)
         print(f"{sweep_key(task, model, lr, seed)} ...", flush=True)
-        add_record(out, sweep_key(task, model, lr, seed), run_one(task, model, seed, tiny, lr=lr), section="sweep")
+        record = run_one(task, model, seed, tiny, lr=lr, accelerator=accelerator)
+        add_record(out, sweep_key(task, model, lr, seed), record, section="sweep")
     marks = sweep_marks(results, task, model, seeds)
     for s in range(seeds):
         add_record(out, f"{task}/{model}/{s}", {**results["sweep"][sweep_key(task, model, chosen, s)], **marks})
@@ -975,6 +990,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train this many optimizer steps instead of the budget's: runs off the equal budget, "
                              "so they need an --out of their own; each cell trains at the rate the equal-budget "
                              "file's sweep chose for it")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                        help="train and test on the CPU (default; the suite's records) or on one CUDA GPU, in "
+                             "float32 with TF32 matmuls; GPU runs need a file of their own (--out), since they do "
+                             "not repeat the CPU's to the digit, and each record names its device")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads per run (default 1, so two runs share two cores; each record keeps its count)")
     parser.add_argument("--list", action="store_true")
@@ -1010,6 +1029,15 @@ def main(argv=None):
     if off_budget and out.resolve() == equal_budget_out.resolve():
         parser.error(f"--steps {steps} is off the equal budget's {budget_steps}: its runs need a file of their own, "
                      f"e.g. --out {RESULTS / f'capabilities_{steps}_steps.json'}")
+    if args.accelerator == "gpu":
+        if not torch.cuda.is_available():
+            parser.error("--accelerator gpu needs a CUDA device, and torch sees none here: leave it out to run on "
+                         "the CPU")
+        if out.resolve() == equal_budget_out.resolve():
+            parser.error(f"--accelerator gpu: GPU runs do not repeat the CPU's records to the digit, so they need a "
+                         f"file of their own, e.g. --out {RESULTS / 'capabilities_gpu.json'}")
+        if args.estimate:
+            parser.error("--estimate times one CPU thread, as the runs it compares: leave out --accelerator gpu")
     if off_budget and (args.sweep or args.estimate):
         parser.error(f"--{'sweep' if args.sweep else 'estimate'} works at the equal budget's {budget_steps} steps: "
                      f"leave out --steps {steps}")
@@ -1054,10 +1082,11 @@ def main(argv=None):
                 continue
             try:
                 if args.sweep:
-                    sweep(out, t, m, args.tiny, args.sweep_seeds)
+                    sweep(out, t, m, args.tiny, args.sweep_seeds, args.accelerator)
                     continue
                 print(f"{key} ...", flush=True)
-                record = run_one(t, m, s, args.tiny, lr=wanted_lr(rates or results, t, m, default_lr), steps=steps)
+                record = run_one(t, m, s, args.tiny, lr=wanted_lr(rates or results, t, m, default_lr), steps=steps,
+                                 accelerator=args.accelerator)
                 earlier = results["runs"].get(key)
                 if earlier and "sweep" in earlier and earlier["lr"] == record["lr"]:  # run again on moved test
                     # sets only: the sweep's choice stands

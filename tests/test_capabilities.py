@@ -830,6 +830,35 @@ def test_bench_steps_trains_off_the_budget_into_a_file_of_its_own_at_the_swept_r
 
 
 @pytest.mark.bench
+def test_bench_gpu_runs_are_refused_without_cuda_and_outside_a_file_of_their_own(tmp_path, monkeypatch, capsys):
+    """--accelerator gpu: one line and nothing run where torch sees no CUDA device, into the CPU's equal-budget
+    file (GPU runs do not repeat its records to the digit) or with --estimate (which times a CPU thread)."""
+    from bench import capabilities
+
+    equal = tmp_path / "capabilities_tiny.json"
+    monkeypatch.setattr(capabilities, "TINY_OUT", equal)
+
+    def never(*args, **kwargs):
+        raise AssertionError("nothing should run")
+
+    monkeypatch.setattr(capabilities, "run_one", never)
+    base = ["--tiny", "--only", "mqar/gpt-tiny/0", "--accelerator", "gpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        capabilities.main([*base, "--out", str(tmp_path / "capabilities_gpu.json")])
+    assert "--accelerator gpu needs a CUDA device, and torch sees none here" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    for argv, message in [([], "GPU runs do not repeat the CPU's records to the digit, so they need a file of "
+                               "their own, e.g. --out"),
+                          (["--out", str(tmp_path / "capabilities_gpu.json"), "--estimate"],
+                           "--estimate times one CPU thread, as the runs it compares: leave out --accelerator gpu")]:
+        with pytest.raises(SystemExit):
+            capabilities.main([*base, *argv])
+        assert message in capsys.readouterr().err
+    assert not equal.exists() and not (tmp_path / "capabilities_gpu.json").exists()
+
+
+@pytest.mark.bench
 def test_bench_estimate_times_steps_against_gpt_tiny_and_trains_nothing(tmp_path, monkeypatch, capsys):
     import bench.common
     from bench import capabilities

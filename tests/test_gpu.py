@@ -79,3 +79,14 @@ def test_image_models_on_cuda_match_the_cpu(name):
     with torch.no_grad():
         want = model(x)
         torch.testing.assert_close(model.cuda()(x.cuda()).cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_capability_run_on_the_gpu_trains_and_tests_there_and_names_its_device():
+    """bench/capabilities.py --accelerator gpu: the tiny MQAR run trains on the GPU, is tested where it trained
+    and its record names the device; in float32 (TF32 matmuls) it lands near the same run on the CPU."""
+    from bench import capabilities
+
+    on_cpu = capabilities.run_one("mqar", "gpt-tiny", 0, tiny=True)
+    on_gpu = capabilities.run_one("mqar", "gpt-tiny", 0, tiny=True, accelerator="gpu")
+    assert "device" not in on_cpu and on_gpu["device"].startswith(f"cuda: {torch.cuda.get_device_name()}")
+    assert on_gpu["metrics"]["test/loss"] == pytest.approx(on_cpu["metrics"]["test/loss"], rel=0.05)
