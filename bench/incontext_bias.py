@@ -3,6 +3,7 @@
     python bench/incontext_bias.py            # the suite's shapes, 512 and 4,096 tokens; memory, build, threads
     python bench/incontext_bias.py --quick    # short sequences only, for a smoke test (nothing written)
     python bench/incontext_bias.py --profile  # where a step's time goes at pixel MNIST's 784 tokens
+    python bench/incontext_bias.py --mini     # the mini recipes' step: incontext-gpt-mini in bf16 against gpt-mini
 
 One training step (forward and backward of a next-token loss on random tokens) of incontext-gpt-tiny at the
 capability suite's size (bench/capabilities.py's SIZE) and each task's batch and longest sequence, plus 512 and
@@ -28,7 +29,10 @@ what the suite's `--estimate` calls "x gpt-tiny". Beside the times:
                "shared with" lists the other processes)
 
 Results go to bench/results/incontext_bias.json. With --profile: the operators that take the most of one step of
-each model and route (torch.profiler's self CPU time), bench/results/incontext_bias_profile.json.
+each model and route (torch.profiler's self CPU time), bench/results/incontext_bias_profile.json. With --mini:
+one training step of the mini study's recipes (recipes/*-mini.*.yaml: a batch of 4 x 2,048 characters under the
+bf16 autocast that `precision: auto` chooses on a CPU with AMX), incontext-gpt-mini on the fused route (its bf16
+q, k and v widened to float32) and on the bias mask against gpt-mini, bench/results/incontext_bias_mini.json.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from bench.common import (  # noqa: E402
 SUITE = [("mqar", 64, 64), ("selective_copying", 64, 128), ("listops", 64, 500), ("pixel_mnist", 50, 784)]
 SHAPES = SUITE[:3] + [("target 512", 64, 512), SUITE[3], ("target 4096", 4, 4096)]
 QUICK = SHAPES[:2]
+MINI = ("mini recipes", 4, 2048)  # recipes/*-mini.*.yaml: batch 4, context 2,048
+QUICK_MINI = ("quick", 2, 64)
 EAGER_UP_TO = 512  # the eager route takes 17 s a step at 784 tokens (22x gpt-tiny): it is left out beyond
 VOCAB = 64
 ROUTES = ("gpt-tiny", "fused", "bias mask", "eager")
@@ -70,11 +76,14 @@ OPERATORS = {"GeneratedBackwardFor_zoo_incontext_bias_default": "zoo::incontext_
              "GeneratedBackwardFor_zoo_incontext_attention_default": "zoo::incontext_attention (the forward)"}
 
 
-def step(model: torch.nn.Module, tokens: torch.Tensor):
+def step(model: torch.nn.Module, tokens: torch.Tensor, bf16: bool = False):
+    """One training step; bf16: the forward under a bf16 autocast, the loss and backward outside it (as
+    Lightning's bf16-mixed precision runs a step)."""
     def run():
         model.zero_grad(set_to_none=True)
-        logits = model(tokens[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
 
     return run
 
@@ -113,6 +122,25 @@ def measure(task: str, batch: int, length: int) -> dict:
     row = {"task": task, "batch": batch, "length": length}
     row.update({f"{r} s": round(t, 4) for r, t in times.items()})
     row.update({f"{r} x gpt-tiny": round(t / times["gpt-tiny"], 2) for r, t in times.items() if r != "gpt-tiny"})
+    return row
+
+
+def measure_mini(task: str, batch: int, length: int) -> dict:
+    """The mini recipes' training step in bf16: incontext-gpt-mini on the fused route and on the bias mask, and
+    gpt-mini (softmax with rotary positions, SDPA's flash kernel) as the baseline."""
+    import zoo
+
+    torch.manual_seed(0)
+    make = dict(vocab_size=VOCAB, context_length=length)
+    baseline, incontext = zoo.create("gpt-mini", **make), zoo.create("incontext-gpt-mini", **make)
+    tokens = torch.randint(VOCAB, (batch, length + 1))
+    routes = ("fused", "bias mask")
+    fns = [step(baseline, tokens, bf16=True)] + [on_route(r, step(incontext, tokens, bf16=True)) for r in routes]
+    times = dict(zip(["gpt-mini", *routes], timeit_rotation(fns, rounds=5, min_time=0)))
+    row = {"task": task, "batch": batch, "length": length, "precision": "bf16 autocast"}
+    row.update({f"{r} s": round(t, 3) for r, t in times.items()})
+    row.update({f"{r} x gpt-mini": round(times[r] / times["gpt-mini"], 2) for r in routes})
+    row["bias mask x fused"] = round(times["bias mask"] / times["fused"], 2)
     return row
 
 
@@ -226,6 +254,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short sequences only, for a smoke test")
     parser.add_argument("--profile", action="store_true",
                         help="the operators that take the most of one step at pixel MNIST's shape, nothing timed")
+    parser.add_argument("--mini", action="store_true",
+                        help="the mini recipes' step in bf16 (batch 4 x 2,048): incontext-gpt-mini against gpt-mini")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -248,6 +278,13 @@ def main() -> None:
         print(f"\nwrote {path}")
         return
     busy = shared_machine()
+    if args.mini:
+        row = measure_mini(*(QUICK_MINI if args.quick else MINI))
+        print_table("a training step of the mini recipes in bf16, one thread", [row], list(row))
+        if not args.quick:
+            path = write_json("incontext_bias_mini", {"cpu_flags": cpu_flags(), "shared with": busy, "rows": [row]})
+            print(f"\nwrote {path}")
+        return
     shapes = QUICK if args.quick else SHAPES
     rows = [measure(*shape) for shape in shapes]
     columns = ["task", "batch", "length", *(f"{r} s" for r in ROUTES), *(f"{r} x gpt-tiny" for r in ROUTES[1:])]

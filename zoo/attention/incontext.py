@@ -29,8 +29,9 @@ but it need not be stored: each entry is a difference of two running sums and a 
 
 Three routes compute the same numbers, each held to the others and to a float64 loop by tests/test_incontext.py:
 
-- fused (incontext_kernel.py, csrc/incontext_attention.cpp): float32 on the CPU with no padding, attn_mask or
-  dropout, causal or not, i.e. a model's training step and forward. Flash attention's blocked online softmax with
+- fused (incontext_kernel.py, csrc/incontext_attention.cpp): on the CPU with no padding, attn_mask or dropout,
+  causal or not, i.e. a model's training step and forward; in float32 (half-precision q, k, v, as a bf16 autocast
+  makes them, are widened to it and the output narrowed back). Flash attention's blocked online softmax with
   the bias computed block by block from the O(L) sums and tables, forward and backward: no (L x L) tensor,
   memory O(L). It is chosen wherever it runs, in `forward` below, because it was the faster at every length
   measured (bench/incontext_bias.py, one thread, an AVX-512 CPU shared with another training run: the training
@@ -38,8 +39,8 @@ Three routes compute the same numbers, each held to the others and to a float64 
   mask, 1.12x against 2.98x at 784, 1.00x against 5.05x at 4,096 with 100 MiB of peak memory against 2,176;
   at 64 and 128 tokens the two are within the noise of a 5-round run, and 15 rounds gave 1.30x against 1.38x
   at 64, 1.26x against 1.44x at 128; bench/results/incontext_bias.json has the latest figures).
-- bias mask, compiled (csrc/incontext_bias.cpp, see native.py): on the CPU elsewhere (half precision, whose
-  tables are float32; padding, attn_mask, dropout, decoding with `step`, `position_bias`): the bias written as an
+- bias mask, compiled (csrc/incontext_bias.cpp, see native.py): on the CPU elsewhere (padding, attn_mask,
+  dropout, decoding with `step`, `position_bias`; in half precision its tables are float32): the bias written as an
   (L x L) float attn_mask for PyTorch's SDPA (dot_product.py) in one pass, its gradient read in one; SDPA takes
   its math kernel, since the mask needs a gradient.
 - bias mask, eager (`_positions`, `_interpolate`): everything else (float64, other devices, ONNX export,

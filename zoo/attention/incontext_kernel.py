@@ -72,13 +72,16 @@ def _built() -> bool:
     return load() is not None
 
 
+# the query dtypes the fused route takes: half precision (a bf16 autocast's q, k, v) is widened to float32 for it
+WIDENED = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def usable(q: torch.Tensor, key_padding_mask, attn_mask, dropout_p: float) -> bool:
-    """Whether InContextAttention.forward takes the fused kernel: float32 queries (not under a bf16 autocast) on the
-    CPU, no padding,
-    attn_mask or dropout, where the kernels could be built, outside `native.eager_routes()` and ONNX export
-    (ONNX has no translation of zoo's operators)."""
+    """Whether InContextAttention.forward takes the fused kernel: float32 or half-precision queries (WIDENED) on
+    the CPU, no padding, attn_mask or dropout, where the kernels could be built, outside `native.eager_routes()`
+    and ONNX export (ONNX has no translation of zoo's operators)."""
     return (key_padding_mask is None and attn_mask is None and not dropout_p and not _disabled
-            and q.device.type == "cpu" and q.dtype == torch.float32
+            and q.device.type == "cpu" and q.dtype in WIDENED
             and not native._eager_only and _built() and not native._exporting_to_onnx())
 
 
@@ -159,8 +162,14 @@ incontext_attention.register_autograd(_backward, setup_context=_setup)
 
 def attend_incontext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, tables: torch.Tensor,
                      causal: bool) -> torch.Tensor:
-    """The layer's attention on the fused kernel: q, k, v (B, H, L, D), gates (B, H, L) and tables (B, H, L, P) in
-    float32 -> (B, H, L, D)."""
+    """The layer's attention on the fused kernel: q, k, v (B, H, L, D) in float32 or half precision, gates (B, H, L)
+    and tables (B, H, L, P) in float32 -> (B, H, L, D) in q's dtype.
+
+    Half-precision q, k, v are widened to float32, the kernel's arithmetic, and the output narrowed back: under a
+    bf16 autocast (`precision: auto` on a CPU with AMX) the alternative is the bias-mask route, whose (L x L) bias
+    and math-kernel SDPA cost 4.4x a training step of incontext-gpt-mini at 4 x 2,048 tokens
+    (`python bench/incontext_bias.py --mini`)."""
     ends = gates.cumsum(-1)
-    out, _ = incontext_attention(q, k, v, ends, ends - gates, tables, q.shape[-1] ** -0.5, causal)
-    return out
+    wide = [t.float() for t in (q, k, v)]  # no copy for float32
+    out, _ = incontext_attention(*wide, ends, ends - gates, tables, q.shape[-1] ** -0.5, causal)
+    return out.to(q.dtype)
