@@ -73,15 +73,15 @@ def _built() -> bool:
 
 
 # the query dtypes the fused route takes: half precision (a bf16 autocast's q, k, v) is widened to float32 for it
-WIDENED = (torch.float32, torch.bfloat16, torch.float16)
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def usable(q: torch.Tensor, key_padding_mask, attn_mask, dropout_p: float) -> bool:
-    """Whether InContextAttention.forward takes the fused kernel: float32 or half-precision queries (WIDENED) on
+    """Whether InContextAttention.forward takes the fused kernel: float32 or half-precision queries (FUSED_DTYPES) on
     the CPU, no padding, attn_mask or dropout, where the kernels could be built, outside `native.eager_routes()`
     and ONNX export (ONNX has no translation of zoo's operators)."""
     return (key_padding_mask is None and attn_mask is None and not dropout_p and not _disabled
-            and q.device.type == "cpu" and q.dtype in WIDENED
+            and q.device.type == "cpu" and q.dtype in FUSED_DTYPES
             and not native._eager_only and _built() and not native._exporting_to_onnx())
 
 
