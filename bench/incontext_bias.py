@@ -31,7 +31,8 @@ what the suite's `--estimate` calls "x gpt-tiny". Beside the times:
 Results go to bench/results/incontext_bias.json. With --profile: the operators that take the most of one step of
 each model and route (torch.profiler's self CPU time), bench/results/incontext_bias_profile.json. With --mini:
 one training step of the mini study's recipes (recipes/*-mini.*.yaml: a batch of 4 x 2,048 characters under the
-bf16 autocast that `precision: auto` chooses on a CPU with AMX), incontext-gpt-mini on the fused route (its bf16
+bf16 autocast that `precision: auto` chooses on a CPU with AMX; random tokens of a 64-token vocabulary, where the
+recipes' characters number 82 and 222), incontext-gpt-mini on the fused route (its bf16
 q, k and v widened to float32) and on the bias mask against gpt-mini, bench/results/incontext_bias_mini.json.
 """
 

@@ -309,22 +309,18 @@ def test_the_mini_step_bench_times_each_route_it_names_in_bf16(monkeypatch):
         module = incontext_kernel if name == "incontext_attention" else native
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: seen.append((name, a[0].dtype)) or real(*a))
-    steps = {}
+    modes = []  # each step's bf16 flag
     real_step = incontext_bias.step
-
-    def step(model, tokens, bf16=False):
-        run = real_step(model, tokens, bf16)
-        steps[id(run)] = bf16
-        return run
-
-    monkeypatch.setattr(incontext_bias, "step", step)
+    monkeypatch.setattr(incontext_bias, "step", lambda model, tokens, bf16=False: modes.append(bf16)
+                        or real_step(model, tokens, bf16))
     row = incontext_bias.measure_mini("tiny", 2, 16)
-    assert set(steps.values()) == {True}  # every step under the bf16 autocast
+    assert modes == [True, True, True]  # every step under the bf16 autocast
     # the fused kernel, on q widened to float32; the bias kernel (its sums are float32 in every dtype)
     assert {name for name, _ in seen} == {"incontext_attention", "incontext_bias"}
     assert {dtype for name, dtype in seen if name == "incontext_attention"} == {torch.float32}
-    assert row["bias mask x fused"] == pytest.approx(row["bias mask s"] / row["fused s"], abs=0.01)
-    assert all(row[f"{r} s"] > 0 for r in ("gpt-mini", "fused", "bias mask"))
+    # times and ratios only exist and are positive: at 16 tokens the rounded milliseconds say nothing of the ratio
+    assert all(row[key] > 0 for key in ("gpt-mini s", "fused s", "bias mask s", "fused x gpt-mini",
+                                         "bias mask x gpt-mini", "bias mask x fused"))
 
 
 def test_the_step_profile_names_the_bias_kernels_forward_and_backward():
