@@ -40,7 +40,7 @@ ROWS = (
      "micro-vit-tiny.mnist"),
     ("elita", "linear time; long text with a fading history", "elita-gpt-tiny", "elita", "elita-gpt-tiny",
      "elita-gpt-tiny.warpeace-alibi"),
-    ("incontext", "recall far past the training length", "incontext-gpt-tiny", "incontext", None,
+    ("incontext", "long text; recall far past the training length", "incontext-gpt-tiny", "incontext", None,
      "incontext-gpt-tiny.shakespeare"),
     ("hybrid-elita-conv1 (3 ELiTA + 1 softmax block)", "recall and induction, fast decoding; not long text",
      "hybrid-elita-gpt-tiny:conv1", None, "hybrid-elita-conv1-gpt-tiny", "hybrid-elita-conv1-gpt-tiny.shakespeare"),
@@ -55,7 +55,7 @@ ROWS = (
      "gla-gpt-tiny.warpeace"),
     ("deltanet (gated delta rule)", "recall and copying in linear time (two seeds of three)",
      "deltanet-gpt-tiny", "deltanet", "deltanet-gpt-tiny", "deltanet-gpt-tiny.warpeace"),
-    ("ssd (Mamba-2)", "the best text losses here; recall, not induction", "ssd-gpt-tiny", "ssd",
+    ("ssd (Mamba-2)", "long text in linear time; recall, not induction", "ssd-gpt-tiny", "ssd",
      "ssd-gpt-tiny", "ssd-gpt-tiny.warpeace"),
 )
 # (task, length) of the "loses" columns, with the docs page each links to
