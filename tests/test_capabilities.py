@@ -1375,7 +1375,7 @@ def test_bench_cpu_kinds_compares_weights_bit_for_bit_and_keeps_a_nan():
 @pytest.mark.bench
 def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
     """The README's note on the tie rule says how many swept cells tie on seed 0's best validation accuracy, that
-    a loss difference under 0.003 nats decides each, and how many the middle of the tied rates would move; all
+    a loss difference under 0.004 nats decides each, and how many the middle of the tied rates would move; all
     three are the JSON's."""
     from bench import capabilities
 
@@ -1395,7 +1395,7 @@ def test_readme_counts_the_sweeps_that_tie_as_the_json_does():
             gaps.append(max(losses) - min(losses))
             moved += tied[(len(tied) - 1) // 2]["lr"] != capabilities.chosen_lr(results, task, model)
     assert f"{len(gaps)} of the {len(cells)} swept cells tie on seed 0's best validation accuracy" in readme
-    assert "under 0.003 nats decides each" in readme and max(gaps) < 0.003
+    assert "under 0.004 nats decides each" in readme and max(gaps) < 0.004
     assert f"the middle of the tied rates (the smaller of two) would move {moved} of them" in readme
 
 
