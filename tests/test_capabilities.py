@@ -1960,7 +1960,7 @@ def test_readme_says_what_the_suite_cost_as_its_json_does():
     for said in (f"take {short:.1f} hours to run again, about {short / 2:.1f} two at a time",
                  f"at length 64 add {grid64:.1f} hours ({(short + grid64) / 2:.0f} two at a time with the short",
                  f"take {long:.1f} hours between them", f"the grid at length 128 another {grid:.1f}.",
-                 f"({two} runs of the suite's {len(records)} records and points ran alone at two threads)"):
+                 f"({two} runs of the suite's {len(records):,} records and points ran alone at two threads)"):
         assert said in words
     # what the paragraph concludes from them: the short tasks over the budget of eight hours two at a time (the
     # yardsticks took them past it), the grid's and the long tasks well beyond
